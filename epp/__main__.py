@@ -1,0 +1,5 @@
+import sys
+
+from epp.cli import main
+
+sys.exit(main())

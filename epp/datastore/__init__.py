@@ -1,0 +1,34 @@
+"""Pool, models/objectives, endpoints and metrics; publishes immutable snapshots."""
+
+from epp.datastore.store import Datastore, ModelStatus
+from epp.datastore.types import (
+    Criticality,
+    Endpoint,
+    EndpointState,
+    FailureMode,
+    InferenceModel,
+    InferenceObjective,
+    Metrics,
+    PodInfo,
+    Pool,
+    Snapshot,
+    TargetModel,
+    format_address,
+)
+
+__all__ = [
+    "Criticality",
+    "Datastore",
+    "Endpoint",
+    "EndpointState",
+    "FailureMode",
+    "InferenceModel",
+    "InferenceObjective",
+    "Metrics",
+    "ModelStatus",
+    "PodInfo",
+    "Pool",
+    "Snapshot",
+    "TargetModel",
+    "format_address",
+]

@@ -1,0 +1,1 @@
+"""Pure scheduling: filters, scorers, pickers and the policies built from them."""
