@@ -56,3 +56,11 @@ class EppError(Exception):
 
     def __repr__(self) -> str:
         return f"EppError({self.code.name}, {self.message!r})"
+
+
+class ConfigError(Exception):
+    """Bad configuration or a bad object (flags, pool file, picker config): a clear message for the user.
+
+    At start-up it stops the process with the message; on a reload it is logged and the
+    last good state is kept.
+    """
