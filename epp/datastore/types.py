@@ -51,6 +51,8 @@ class Pool:
     endpoint_picker_name: str = ""
     endpoint_picker_port: int | None = None
     resource_version: str = ""
+    # spec.appProtocol (v1.4.0+): "http" or "kubernetes.io/h2c", for every target port.
+    app_protocol: str = "http"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,7 @@ class InferenceModel:
     creation_timestamp: float = 0.0  # Unix seconds; the oldest wins a modelName conflict
     uid: str = ""
     resource_version: str = ""
+    pool_group: str = ""  # spec.poolRef.group, schema default applied; "" when built by hand
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ class InferenceObjective:
     creation_timestamp: float = 0.0
     uid: str = ""
     resource_version: str = ""
+    pool_group: str = ""  # spec.poolRef.group, schema default applied; "" when built by hand
 
 
 @dataclass(frozen=True, slots=True)
