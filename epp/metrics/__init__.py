@@ -1,1 +1,13 @@
-"""metrics"""
+"""Scrape model servers' `/metrics` per endpoint and parse them into `Metrics`."""
+
+from epp.metrics.parse import DEFAULT_NAMES, MetricNames, MetricsParseError, parse_metrics
+from epp.metrics.refresher import MetricsRefresher, ScrapeStats
+
+__all__ = [
+    "DEFAULT_NAMES",
+    "MetricNames",
+    "MetricsParseError",
+    "MetricsRefresher",
+    "ScrapeStats",
+    "parse_metrics",
+]
