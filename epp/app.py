@@ -1,0 +1,324 @@
+"""`epp serve`: the composition root. Builds every part from the flags and runs them on one loop.
+
+One `asyncio.TaskGroup` holds the pool source, the metrics refresher, leader election and the
+readiness watcher; the ext_proc, health and metrics servers are started before it and stopped
+after it. SIGTERM/SIGINT: health NOT_SERVING, ext_proc `stop(grace)`, everything else
+cancelled, exit 0. Start-up errors print one line on stderr: 2 for bad configuration, 1 when
+a port cannot be bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import grpc
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from epp import config
+from epp.clock import Clock, SystemClock
+from epp.config import ServeSettings
+from epp.datastore.store import Datastore
+from epp.director import Director
+from epp.errors import ConfigError
+from epp.extproc.server import ExternalProcessor, ListenError, build_ext_proc_server, server_credentials
+from epp.extproc.stream import StreamRecord, StreamSettings
+from epp.observability.health import Health, build_health_server
+from epp.observability.http import build_app, start_http
+from epp.observability.logging import configure_logging
+
+if TYPE_CHECKING:
+    from epp.sources.leader import LeaderElector
+
+log = logging.getLogger(__name__)
+
+READINESS_POLL_S = 0.5
+
+
+class _Runnable(Protocol):
+    async def run(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPorts:
+    grpc: int
+    health: int
+    metrics: int
+
+
+@dataclass(slots=True)
+class Extensions:
+    """Hooks other parts plug in without editing this module: metrics and decision-log routes."""
+
+    registry: CollectorRegistry = REGISTRY
+    extra_routes: tuple[web.RouteDef, ...] = ()
+    on_finished: Callable[[StreamRecord], None] | None = None
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    config.configure_parser(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = config.settings_from_args(args)
+    except ConfigError as err:
+        print(f"epp serve: {err}", file=sys.stderr)
+        return 2
+    configure_logging(verbosity=settings.verbosity, log_format=settings.log_format)
+    try:
+        with _runner() as runner:
+            runner.run(serve(settings))
+    except ListenError as err:
+        print(f"epp serve: {err}", file=sys.stderr)
+        return 1
+    except ConfigError as err:
+        print(f"epp serve: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _runner() -> asyncio.Runner:
+    """uvloop when importable (≈20% more streams per core in FDX), else the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+async def serve(
+    settings: ServeSettings,
+    *,
+    clock: Clock | None = None,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[BoundPorts], None] | None = None,
+    extensions: Extensions | None = None,
+) -> None:
+    """Run until `stop` is set (or SIGTERM/SIGINT); raises ConfigError / ListenError at start-up."""
+    stop = stop if stop is not None else asyncio.Event()
+    with _signals_set(stop):
+        await _serve(
+            settings,
+            clock=clock if clock is not None else SystemClock(),
+            stop=stop,
+            on_started=on_started,
+            extensions=extensions if extensions is not None else Extensions(),
+        )
+
+
+async def _serve(
+    settings: ServeSettings,
+    *,
+    clock: Clock,
+    stop: asyncio.Event,
+    on_started: Callable[[BoundPorts], None] | None,
+    extensions: Extensions,
+) -> None:
+    datastore = Datastore(clock)
+    director = _build_director(settings, datastore, clock)
+    source, synced = _build_source(settings, datastore, clock)
+    refresher = _build_refresher(settings, datastore, clock)
+    elector = _build_elector(settings, clock)
+
+    health = Health(leader_election=elector is not None)
+    await health.start()
+    processor = ExternalProcessor(
+        director,
+        StreamSettings(
+            default_body_mode=settings.body_mode,
+            max_request_body_bytes=settings.max_request_body_bytes,
+            max_header_bytes=settings.max_header_bytes,
+        ),
+        on_finished=extensions.on_finished,
+    )
+    credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
+    ext_server, grpc_port = build_ext_proc_server(
+        processor,
+        host=settings.host,
+        port=settings.grpc_port,
+        credentials=credentials,
+        health_servicer=health.servicer,
+    )
+    health_server, health_port = build_health_server(
+        health, host=settings.host, port=settings.grpc_health_port
+    )
+    http_app = build_app(
+        extensions.registry, ready=lambda: health.ready, extra_routes=extensions.extra_routes
+    )
+    runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
+    servers_started: list[grpc.aio.Server] = []
+    try:
+        await health_server.start()
+        servers_started.append(health_server)
+        await ext_server.start()
+        servers_started.append(ext_server)
+        ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port)
+        log.info(
+            "epp serving",
+            extra={
+                "grpc_port": ports.grpc,
+                "health_port": ports.health,
+                "metrics_port": ports.metrics,
+                "secure_serving": settings.secure_serving,
+                "scheduler": director.scheduler.name,
+                "pool": f"{settings.pool_namespace}/{settings.pool_name}",
+            },
+        )
+        if on_started is not None:
+            on_started(ports)
+        await _run_tasks(stop, health, datastore, synced, elector, source, refresher)
+    finally:
+        await health.shutdown()
+        if ext_server in servers_started:
+            await ext_server.stop(settings.grace_period_s)
+        if health_server in servers_started:
+            await health_server.stop(0)
+        await runner.cleanup()
+        log.info("epp stopped")
+
+
+async def _run_tasks(
+    stop: asyncio.Event,
+    health: Health,
+    datastore: Datastore,
+    synced: Callable[[], bool],
+    elector: LeaderElector | None,
+    *runnables: _Runnable | None,
+) -> None:
+    class _Stop(Exception):
+        pass
+
+    async def wait_for_stop() -> None:
+        await stop.wait()
+        await health.shutdown()
+        raise _Stop
+
+    async def watch_readiness() -> None:
+        changed = asyncio.Event()
+        if elector is not None:
+            elector.on_change(lambda _leader: changed.set())
+        while True:
+            leader = True if elector is None else elector.is_leader
+            await health.update(synced=synced() and datastore.pool_synced, leader=leader)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), READINESS_POLL_S)
+            changed.clear()
+
+    coroutines: list[Coroutine[Any, Any, None]] = [wait_for_stop(), watch_readiness()]
+    if elector is not None:
+        coroutines.append(elector.run())
+    coroutines.extend(r.run() for r in runnables if r is not None)
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coroutine in coroutines:
+                group.create_task(coroutine)
+    except* _Stop:
+        pass
+
+
+@contextlib.contextmanager
+def _signals_set(stop: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread (tests): the caller sets `stop`
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def _build_director(settings: ServeSettings, datastore: Datastore, clock: Clock) -> Director:
+    from epp.admission import build_admission
+    from epp.scheduling.build import build_scheduler
+
+    scheduler = build_scheduler(
+        settings.picker_config_text,
+        policy=settings.policy,
+        staleness_threshold_s=settings.metrics_staleness_threshold_s,
+        seed=settings.seed,
+    )
+    admission = build_admission(
+        settings.picker_config_text, staleness_threshold_s=settings.metrics_staleness_threshold_s
+    )
+    return Director(
+        datastore, scheduler, admit=admission.admit, clock=clock, rng=random.Random(settings.seed)
+    )
+
+
+def _build_source(
+    settings: ServeSettings, datastore: Datastore, clock: Clock
+) -> tuple[_Runnable, Callable[[], bool]]:
+    """The pool source and a "has it synced" test; a pool file is loaded (and checked) right here."""
+    if settings.pool_file is not None:
+        from epp.sources.file import FileSource
+
+        file_source = FileSource(
+            settings.pool_file,
+            datastore,
+            pool_name=settings.pool_name,
+            pool_namespace=settings.pool_namespace,
+            clock=clock,
+        )
+        file_source.load()
+        return file_source, lambda: True
+    from epp.sources.kube import KubeSource
+
+    kube_source = KubeSource(
+        datastore,
+        pool_name=settings.pool_name,
+        pool_namespace=settings.pool_namespace,
+        pool_group=settings.pool_group,
+        kubeconfig=settings.kubeconfig,
+        clock=clock,
+    )
+    return kube_source, kube_source.synced.is_set
+
+
+def _build_refresher(settings: ServeSettings, datastore: Datastore, clock: Clock) -> _Runnable:
+    from epp.metrics.refresher import MetricsRefresher
+
+    return MetricsRefresher(
+        datastore,
+        clock,
+        interval_s=settings.refresh_metrics_interval_s,
+        scheme=settings.model_server_metrics_scheme,
+        port=settings.model_server_metrics_port,
+        path=settings.model_server_metrics_path,
+        insecure_skip_verify=settings.model_server_metrics_insecure_skip_verify,
+    )
+
+
+def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | None:
+    if not settings.ha_enable_leader_election:
+        return None
+    from epp.sources.leader import LeaderElector
+
+    return LeaderElector(
+        lease_name=settings.lease_name,
+        namespace=settings.pool_namespace,
+        identity=socket.gethostname(),
+        kubeconfig=settings.kubeconfig,
+        clock=clock,
+    )
+
+
+__all__ = ["BoundPorts", "Extensions", "configure_parser", "run", "serve"]

@@ -1,0 +1,199 @@
+"""Pure builders of `envoy.service.ext_proc.v3.ProcessingResponse` messages.
+
+Header values go in `raw_value` (what Envoy sends and reads) with `OVERWRITE_IF_EXISTS_OR_ADD`,
+so a client-sent copy of a header can never survive beside ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from epp.errors import EppError
+from epp.extproc import wire
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+Headers = Sequence[tuple[str, str]]
+
+
+def header_option(name: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=name, raw_value=value.encode()),
+        append_action=_OVERWRITE,
+    )
+
+
+def header_mutation(set_headers: Headers = (), remove_headers: Sequence[str] = ()) -> pb.HeaderMutation:
+    return pb.HeaderMutation(
+        set_headers=[header_option(name, value) for name, value in set_headers],
+        remove_headers=list(remove_headers),
+    )
+
+
+def destination_metadata(destination: str) -> struct_pb2.Struct:
+    """`{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, byte-identical to the header."""
+    metadata = struct_pb2.Struct()
+    metadata.update({wire.LB_METADATA_NAMESPACE: {wire.DESTINATION_ENDPOINT_KEY: destination}})
+    return metadata
+
+
+def routing_headers(destination: str, body_length: int | None, extra: Headers = ()) -> list[tuple[str, str]]:
+    """The destination header, Content-Length when the body is non-empty, then any extra headers."""
+    headers = [(wire.DESTINATION_ENDPOINT_HEADER, destination)]
+    if body_length:
+        headers.append((wire.CONTENT_LENGTH_HEADER, str(body_length)))
+    headers.extend(extra)
+    return headers
+
+
+def request_headers_reply(
+    *,
+    set_headers: Headers = (),
+    remove_headers: Sequence[str] = (),
+    destination: str | None = None,
+    clear_route_cache: bool = True,
+) -> pb.ProcessingResponse:
+    """Answer the request-headers message; with a destination, the routing metadata goes with it."""
+    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+    if set_headers or remove_headers:
+        common.header_mutation.CopyFrom(header_mutation(set_headers, remove_headers))
+    response = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+    if destination is not None:
+        response.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return response
+
+
+def chunks(body: bytes, chunk_bytes: int = wire.BODY_CHUNK_BYTES) -> Iterator[tuple[bytes, bool]]:
+    """Cut `body` into `(chunk, end_of_stream)` pieces of at most `chunk_bytes`; empty → one empty piece."""
+    if not body:
+        yield b"", True
+        return
+    for start in range(0, len(body), chunk_bytes):
+        end = start + chunk_bytes
+        yield body[start:end], end >= len(body)
+
+
+def streamed_request_body(body: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=end_of_stream)
+                )
+            )
+        )
+    )
+
+
+def streamed_response_body(body: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=end_of_stream)
+                )
+            )
+        )
+    )
+
+
+def chunked_request_body(body: bytes) -> list[pb.ProcessingResponse]:
+    return [streamed_request_body(chunk, eos) for chunk, eos in chunks(body)]
+
+
+def chunked_response_body(body: bytes) -> list[pb.ProcessingResponse]:
+    return [streamed_response_body(chunk, eos) for chunk, eos in chunks(body)]
+
+
+def buffered_request_body_reply(
+    body: bytes, destination: str, extra_headers: Headers = ()
+) -> pb.ProcessingResponse:
+    """BUFFERED mode: the routing header, Content-Length and the whole body on the body reply."""
+    common = pb.CommonResponse(
+        header_mutation=header_mutation(routing_headers(destination, len(body), extra_headers)),
+        body_mutation=pb.BodyMutation(body=body),
+    )
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=common),
+        dynamic_metadata=destination_metadata(destination),
+    )
+
+
+def response_headers_reply(set_headers: Headers = ()) -> pb.ProcessingResponse:
+    headers = [(wire.WENT_INTO_RESP_HEADERS, "true"), *set_headers]
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=header_mutation(headers))
+        )
+    )
+
+
+def empty_response_body_reply() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+
+
+def empty_request_trailers_reply() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def empty_response_trailers_reply() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def immediate_error(error: EppError, *, retry_after_s: int | None = None) -> pb.ProcessingResponse:
+    """An ImmediateResponse with the OpenAI-style JSON error body; `retry-after` on 429."""
+    headers: list[tuple[str, str]] = [("content-type", wire.JSON_CONTENT_TYPE)]
+    if error.http_status == 429:
+        headers.append(("retry-after", str(retry_after_s if retry_after_s is not None else 1)))
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=error.http_status),
+            headers=header_mutation(headers),
+            body=error.body(),
+        )
+    )
+
+
+def header_map(headers: pb.HttpHeaders | None) -> dict[str, str]:
+    """Lower-cased name → value (`raw_value` first, `value` as fallback); a repeated name keeps the last."""
+    result: dict[str, str] = {}
+    if headers is None:
+        return result
+    for header in headers.headers.headers:
+        value = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
+        result[header.key.lower()] = value
+    return result
+
+
+def struct_field(metadata: Mapping[str, struct_pb2.Struct], namespace: str, key: str) -> object | None:
+    """`metadata_context.filter_metadata[namespace][key]` as plain Python; None when absent."""
+    if namespace not in metadata:
+        return None
+    fields = metadata[namespace].fields
+    if key not in fields:
+        return None
+    value = fields[key]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    return _plain(value)
+
+
+def _plain(value: struct_pb2.Value) -> object:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    if kind == "struct_value":
+        return {k: _plain(v) for k, v in value.struct_value.fields.items()}
+    return None

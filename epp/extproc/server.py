@@ -1,0 +1,156 @@
+"""The ext_proc gRPC server: one `StreamHandler` per `Process` stream, on grpc.aio.
+
+Options that matter (spec §14.1): a 64 MiB receive limit (BUFFERED bodies and large FDX chunks),
+and `grpc.so_reuseport` 0 so a stale EPP on the same port makes the bind fail loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from epp import tls
+from epp.director import Director
+from epp.errors import ConfigError
+from epp.extproc import wire
+from epp.extproc.stream import ProtocolError, StreamHandler, StreamRecord, StreamSettings
+from epp.observability.logging import bound_request_id
+
+log = logging.getLogger(__name__)
+
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_receive_message_length", wire.GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", wire.GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+)
+
+
+class ListenError(ConfigError):
+    """A port could not be bound (in use, or a bad address)."""
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """`envoy.service.ext_proc.v3.ExternalProcessor/Process` backed by the director."""
+
+    def __init__(
+        self,
+        director: Director,
+        settings: StreamSettings,
+        *,
+        on_finished: Callable[[StreamRecord], None] | None = None,
+    ) -> None:
+        self._director = director
+        self._settings = settings
+        self._on_finished = on_finished
+
+    async def Process(  # the gRPC method name
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        handler = StreamHandler(self._director, self._settings, on_finished=self._on_finished)
+        try:
+            async for message in request_iterator:
+                with bound_request_id(handler.request_id or "-"):
+                    try:
+                        replies = handler.handle(message)
+                    except ProtocolError as err:
+                        log.warning("ext_proc protocol error", extra={"error": str(err)})
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                        return
+                    except Exception:  # the one per-request guard: log, answer 500, keep serving
+                        log.exception("unexpected error while routing a request")
+                        replies = handler.fail_internal()
+                for reply in replies:
+                    yield reply
+                if handler.done:
+                    return
+        finally:
+            with bound_request_id(handler.request_id or "-"):
+                handler.close()
+
+
+class CertReloader:
+    """A grpc certificate fetcher that re-reads `tls.crt`/`tls.key` when their mtimes change.
+
+    grpc calls it before every TLS handshake (from its own threads), so it only stats the files.
+    """
+
+    def __init__(self, cert_dir: pathlib.Path) -> None:
+        self._cert_dir = cert_dir
+        self._lock = threading.Lock()
+        self._mtimes = tls.cert_files_mtime(cert_dir)
+
+    def initial(self) -> grpc.ServerCertificateConfiguration:
+        pair = tls.load_key_pair(self._cert_dir)
+        return grpc.ssl_server_certificate_configuration([(pair.key_pem, pair.cert_pem)])
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        mtimes = tls.cert_files_mtime(self._cert_dir)
+        with self._lock:
+            if mtimes is None or mtimes == self._mtimes:
+                return None
+            try:
+                pair = tls.load_key_pair(self._cert_dir)
+            except ConfigError as err:
+                log.warning("keeping the current certificate", extra={"error": str(err)})
+                return None
+            self._mtimes = mtimes
+        log.info("certificate reloaded", extra={"cert_path": str(self._cert_dir)})
+        return grpc.ssl_server_certificate_configuration([(pair.key_pem, pair.cert_pem)])
+
+
+def server_credentials(cert_path: pathlib.Path | None) -> grpc.ServerCredentials:
+    """TLS credentials: files under `cert_path` (reloaded on change) or a fresh self-signed pair."""
+    if cert_path is None:
+        pair = tls.self_signed()
+        return grpc.ssl_server_credentials([(pair.key_pem, pair.cert_pem)])
+    reloader = CertReloader(cert_path)
+    return grpc.dynamic_ssl_server_credentials(reloader.initial(), reloader)
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Add a listening port; a port in use is a ConfigError (no SO_REUSEPORT sharing)."""
+    port: int
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as err:
+        raise ListenError(f"cannot listen on {address}: {err}") from err
+    if port == 0:
+        raise ListenError(f"cannot listen on {address}: address in use or unavailable")
+    return port
+
+
+def grpc_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def build_ext_proc_server(
+    processor: ExternalProcessor,
+    *,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None,
+    health_servicer: object | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """A not-yet-started grpc.aio server with the processor; returns it and the bound port.
+
+    With `health_servicer`, grpc.health.v1 is served on this port too, for data planes whose
+    EPP cluster health-checks the ext_proc port (GIE's reference Envoy config does).
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    if health_servicer is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = bind(server, grpc_address(host, port), credentials)
+    return server, bound

@@ -1,0 +1,424 @@
+"""The per-stream state machine: one `StreamHandler` per ext_proc `Process` stream (one HTTP request).
+
+`handle(message)` takes one `ProcessingRequest` and returns the replies to send, in order. It
+is synchronous: routing is pure CPU work, so a slow or stalled peer only holds its own stream.
+
+FULL_DUPLEX_STREAMED defers the headers reply until the body has ended, then sends headers
+(destination, Content-Length, metadata) and the body back in 62000-byte chunks. BUFFERED
+answers headers at once and routes on the whole-body message. The mode comes from
+`protocol_config` on the first message, else the configured default.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.director import Director, RoutingDecision
+from epp.errors import EppError, ErrorCode
+from epp.extproc import messages, wire
+
+log = logging.getLogger(__name__)
+
+_BodySendMode = processing_mode_pb2.ProcessingMode
+
+
+class BodyMode(enum.Enum):
+    FULL_DUPLEX_STREAMED = "FULL_DUPLEX_STREAMED"
+    BUFFERED = "BUFFERED"
+    NONE = "NONE"  # no body will come: route on headers
+
+
+def body_mode_from_proto(value: int) -> BodyMode | None:
+    """The mode the data plane announced; None for modes we cannot serve (STREAMED, GRPC)."""
+    if value == _BodySendMode.FULL_DUPLEX_STREAMED:
+        return BodyMode.FULL_DUPLEX_STREAMED
+    if value in (_BodySendMode.BUFFERED, _BodySendMode.BUFFERED_PARTIAL):
+        return BodyMode.BUFFERED
+    if value == _BodySendMode.NONE:
+        return BodyMode.NONE
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    default_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    max_request_body_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_header_bytes: int = wire.DEFAULT_MAX_HEADER_BYTES
+    # A non-streaming response body larger than this is passed through unparsed instead of buffered.
+    max_buffered_response_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """What happened on one stream, handed to `on_finished` (metrics, decision log)."""
+
+    request_id: str
+    decision: RoutingDecision | None
+    error: EppError | None
+    response_status: int | None
+    streaming_response: bool
+    usage: Usage | None
+    request_body_bytes: int
+    response_body_bytes: int
+
+
+class ProtocolError(Exception):
+    """A message the ext_proc contract does not allow here; the server ends the stream with a gRPC error."""
+
+
+class StreamHandler:
+    """Serves one ext_proc stream. Not thread-safe; lives on the event loop."""
+
+    def __init__(
+        self,
+        director: Director,
+        settings: StreamSettings,
+        *,
+        on_finished: Callable[[StreamRecord], None] | None = None,
+    ) -> None:
+        self._director = director
+        self._settings = settings
+        self._on_finished = on_finished
+        self._mode: BodyMode | None = None
+        self._response_mode: BodyMode | None = None
+        self.request_id = ""
+        self._headers: dict[str, str] = {}
+        self._strip: list[str] = []
+        self._generated_request_id = False
+        self._body = bytearray()
+        self._subset: list[str] | None = None
+        self._served: str | None = None  # envoy.lb served endpoint, when the data plane reports it
+        self._decision: RoutingDecision | None = None
+        self._error: EppError | None = None
+        self._request_done = False
+        self._status: int | None = None
+        self._sse = False
+        self._response_buffer = bytearray()
+        self._passthrough = False
+        self._sse_tail = b""
+        self._usage: Usage | None = None
+        self._response_bytes = 0
+        self._finished = False
+        self._completed = False
+        self.done = False  # an ImmediateResponse was sent: the stream must end
+
+    # -- entry points ----------------------------------------------------------------------
+
+    def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        """Replies to one message; an `EppError` becomes an ImmediateResponse and ends the stream."""
+        if self.done:
+            return []
+        self._read_protocol_config(message)
+        self._read_subset_hint(message)
+        try:
+            return self._dispatch(message)
+        except EppError as err:
+            return [self._fail(err)]
+
+    def fail_internal(self) -> list[pb.ProcessingResponse]:
+        """The reply for an unexpected error while handling a message (500)."""
+        if self.done:
+            return []
+        return [self._fail(EppError(ErrorCode.INTERNAL, "internal error", reason="internal"))]
+
+    def close(self) -> None:
+        """The stream ended (EOF, cancel or after an ImmediateResponse): report once."""
+        if self._finished:
+            return
+        self._finished = True
+        self._complete()
+        if self._on_finished is not None:
+            self._on_finished(
+                StreamRecord(
+                    request_id=self.request_id,
+                    decision=self._decision,
+                    error=self._error,
+                    response_status=self._status,
+                    streaming_response=self._sse,
+                    usage=self._usage,
+                    request_body_bytes=len(self._body),
+                    response_body_bytes=self._response_bytes,
+                )
+            )
+
+    @property
+    def mode(self) -> BodyMode:
+        return self._mode if self._mode is not None else self._settings.default_body_mode
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def _dispatch(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._on_request_headers(message.request_headers)
+        if kind == "request_body":
+            return self._on_request_body(message.request_body)
+        if kind == "request_trailers":
+            return self._on_request_trailers()
+        if kind == "response_headers":
+            return self._on_response_headers(message.response_headers)
+        if kind == "response_body":
+            return self._on_response_body(message.response_body)
+        if kind == "response_trailers":
+            self._end_response()
+            return [messages.empty_response_trailers_reply()]
+        raise ProtocolError(f"unexpected ext_proc message {kind!r}")
+
+    def _read_protocol_config(self, message: pb.ProcessingRequest) -> None:
+        if self._mode is not None or not message.HasField("protocol_config"):
+            return
+        config = message.protocol_config
+        mode = body_mode_from_proto(config.request_body_mode)
+        if mode is None:
+            log.warning(
+                "unsupported request body mode, using the configured default",
+                extra={"request_body_mode": _BodySendMode.BodySendMode.Name(config.request_body_mode)},
+            )
+            mode = self._settings.default_body_mode
+        self._mode = mode
+        self._response_mode = body_mode_from_proto(config.response_body_mode)
+
+    def _read_subset_hint(self, message: pb.ProcessingRequest) -> None:
+        metadata = message.metadata_context.filter_metadata
+        served = messages.struct_field(metadata, wire.LB_METADATA_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
+        if isinstance(served, str) and served:
+            self._served = served
+        value = messages.struct_field(metadata, wire.SUBSET_HINT_NAMESPACE, wire.SUBSET_HINT_KEY)
+        if value is None:
+            return
+        if isinstance(value, str):
+            self._subset = [value]
+        elif isinstance(value, list):
+            self._subset = [v for v in value if isinstance(v, str)]
+        else:
+            self._subset = []  # present but unusable: nothing is eligible (503)
+
+    # -- request path ----------------------------------------------------------------------
+
+    def _on_request_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        self._headers = messages.header_map(headers)
+        header_bytes = sum(len(k) + len(v) for k, v in self._headers.items())
+        self.request_id = self._headers.get(wire.REQUEST_ID_HEADER, "") or str(uuid.uuid4())
+        self._generated_request_id = (
+            wire.REQUEST_ID_HEADER not in self._headers or not self._headers[wire.REQUEST_ID_HEADER]
+        )
+        if header_bytes > self._settings.max_header_bytes:
+            raise EppError(ErrorCode.BAD_REQUEST, "request headers too large", reason="headers-too-large")
+        self._strip = [
+            name
+            for name in self._headers
+            if name in wire.STRIPPED_CLIENT_HEADERS and name != wire.DESTINATION_ENDPOINT_HEADER
+        ]
+        if headers.end_of_stream or self.mode is BodyMode.NONE:
+            return [self._route_headers_only()]
+        if self.mode is BodyMode.BUFFERED:
+            remove = list(self._strip)
+            if wire.DESTINATION_ENDPOINT_HEADER in self._headers:
+                remove.append(wire.DESTINATION_ENDPOINT_HEADER)
+            return [
+                messages.request_headers_reply(set_headers=self._request_id_headers(), remove_headers=remove)
+            ]
+        return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the body
+
+    def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if self._request_done:
+            raise ProtocolError("request body after the request was routed")
+        if len(self._body) + len(body.body) > self._settings.max_request_body_bytes:
+            raise EppError(ErrorCode.BAD_REQUEST, "request body too large", reason="body-too-large")
+        self._body.extend(body.body)
+        if self.mode is BodyMode.BUFFERED:
+            # One whole-body message; BUFFERED_PARTIAL may end without end_of_stream, so route now.
+            return [self._route_buffered()]
+        if not body.end_of_stream:
+            return []
+        return self._route_streamed()
+
+    def _on_request_trailers(self) -> list[pb.ProcessingResponse]:
+        replies: list[pb.ProcessingResponse] = []
+        if not self._request_done and self.mode is BodyMode.FULL_DUPLEX_STREAMED:
+            replies.extend(self._route_streamed())
+        replies.append(messages.empty_request_trailers_reply())
+        return replies
+
+    def _route(self, body: bytes | None) -> RoutingDecision:
+        decision = self._director.route(
+            request_id=self.request_id, headers=self._headers, body=body, subset=self._subset
+        )
+        self._decision = decision
+        self._request_done = True
+        log.debug(
+            "request routed",
+            extra={
+                "destination": decision.destination,
+                "model": decision.request.target_model,
+                "reason": decision.result.reason,
+            },
+        )
+        return decision
+
+    def _route_headers_only(self) -> pb.ProcessingResponse:
+        decision = self._route(None)
+        return messages.request_headers_reply(
+            set_headers=messages.routing_headers(decision.destination, None, self._request_id_headers()),
+            remove_headers=self._strip,
+            destination=decision.destination,
+        )
+
+    def _route_streamed(self) -> list[pb.ProcessingResponse]:
+        decision = self._route(bytes(self._body))
+        headers = messages.request_headers_reply(
+            set_headers=messages.routing_headers(
+                decision.destination, len(decision.body), self._request_id_headers()
+            ),
+            remove_headers=self._strip,
+            destination=decision.destination,
+        )
+        return [headers, *messages.chunked_request_body(decision.body)]
+
+    def _route_buffered(self) -> pb.ProcessingResponse:
+        decision = self._route(bytes(self._body))
+        return messages.buffered_request_body_reply(
+            decision.body, decision.destination, self._request_id_headers()
+        )
+
+    def _request_id_headers(self) -> list[tuple[str, str]]:
+        return [(wire.REQUEST_ID_HEADER, self.request_id)] if self._generated_request_id else []
+
+    # -- response path ---------------------------------------------------------------------
+
+    def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        response_headers = messages.header_map(headers)
+        try:
+            self._status = int(response_headers.get(":status", "200"))
+        except ValueError:
+            self._status = None
+        self._sse = wire.SSE_CONTENT_TYPE in response_headers.get("content-type", "")
+        if headers.end_of_stream:
+            self._end_response()
+        return [messages.response_headers_reply()]
+
+    def _response_body_mode(self) -> BodyMode:
+        if self._response_mode is not None:
+            return self._response_mode
+        return self.mode
+
+    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        self._response_bytes += len(body.body)
+        if self._response_body_mode() is not BodyMode.FULL_DUPLEX_STREAMED:
+            self._read_usage(body.body, end=body.end_of_stream)
+            if body.end_of_stream:
+                self._end_response()
+            return [messages.empty_response_body_reply()]
+        if self._sse or self._passthrough:
+            if self._sse:
+                self._read_sse_usage(body.body)
+            if body.end_of_stream:
+                self._end_response()
+            return [messages.streamed_response_body(body.body, body.end_of_stream)]
+        self._response_buffer.extend(body.body)
+        if len(self._response_buffer) > self._settings.max_buffered_response_bytes:
+            # Too large to inspect: hand back what we hold and pass the rest through.
+            self._passthrough = True
+            held = bytes(self._response_buffer)
+            self._response_buffer.clear()
+            if body.end_of_stream:
+                self._end_response()
+                return messages.chunked_response_body(held)
+            return [messages.streamed_response_body(c, False) for c, _ in messages.chunks(held)]
+        if not body.end_of_stream:
+            return []
+        whole = bytes(self._response_buffer)
+        self._response_buffer.clear()
+        self._usage = parse_json_usage(whole) or self._usage
+        self._end_response()
+        return messages.chunked_response_body(whole)
+
+    def _read_usage(self, chunk: bytes, *, end: bool) -> None:
+        if self._sse:
+            self._read_sse_usage(chunk)
+        elif end:
+            self._usage = parse_json_usage(chunk) or self._usage
+
+    def _read_sse_usage(self, chunk: bytes) -> None:
+        data = self._sse_tail + chunk
+        lines = data.split(b"\n")
+        self._sse_tail = lines.pop()[-65536:]  # an unfinished line waits for the next chunk
+        for line in lines:
+            usage = parse_sse_usage(line)
+            if usage is not None:
+                self._usage = usage
+
+    def _complete(self) -> None:
+        """Tell the director the request finished (once): at response end, else at stream close."""
+        if self._decision is None or self._completed:
+            return
+        self._completed = True
+        self._director.complete(self._decision, served_address=self._served, status=self._status or 200)
+
+    def _end_response(self) -> None:
+        self._complete()
+        if self._sse and self._sse_tail:
+            usage = parse_sse_usage(self._sse_tail)
+            if usage is not None:
+                self._usage = usage
+            self._sse_tail = b""
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def _fail(self, err: EppError) -> pb.ProcessingResponse:
+        self._error = err
+        self._status = err.http_status
+        self.done = True
+        log.info(
+            "request rejected",
+            extra={"code": err.code.wire_name, "status": err.http_status, "reason": err.reason},
+        )
+        return messages.immediate_error(err)
+
+
+def _usage_from(payload: object) -> Usage | None:
+    if not isinstance(payload, dict):
+        return None
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return None
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return Usage(count("prompt_tokens"), count("completion_tokens"), count("total_tokens"))
+
+
+def parse_json_usage(body: bytes) -> Usage | None:
+    """`usage` of a non-streaming OpenAI response; None when absent or not JSON."""
+    try:
+        return _usage_from(json.loads(body))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def parse_sse_usage(line: bytes) -> Usage | None:
+    """`usage` from one SSE `data: {...}` line (present with `stream_options.include_usage`)."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == b"[DONE]" or b'"usage"' not in data:
+        return None
+    return parse_json_usage(data)

@@ -1,0 +1,99 @@
+"""A bounded ring buffer of recent routing decisions, served as JSON on `GET /debug/decisions`.
+
+Operators ask "why did this request go there?": each entry holds the candidates, the chosen
+endpoints, the reason and every scorer's score, or the shed/error reason. Memory is bounded by
+`capacity` entries (the oldest is dropped first); entries are frozen values, safe to hand out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+from aiohttp import web
+
+DEFAULT_CAPACITY = 256
+MAX_CAPACITY = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One request's routing decision (or refusal)."""
+
+    request_id: str
+    at_s: float  # Clock time of the decision
+    model: str
+    target_model: str
+    criticality: str
+    outcome: str  # "routed" | "shed" | "no-endpoint" | "error"
+    candidates: tuple[str, ...] = ()
+    chosen: tuple[str, ...] = ()  # endpoint addresses, primary first
+    profile: str = ""
+    reason: str = ""  # why the primary was picked, or why the request was refused
+    scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    total_scores: Mapping[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    error_code: str = ""
+    response_status: int | None = None  # filled in when the stream ends
+
+    def to_json(self) -> dict[str, object]:
+        entry = asdict(self)
+        entry["scores"] = {name: dict(scores) for name, scores in self.scores.items()}
+        entry["total_scores"] = dict(self.total_scores)
+        return entry
+
+
+class DecisionLog:
+    """The last `capacity` decisions, newest last. Lives on the event loop (not thread-safe)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if not 1 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"decision log capacity must be in 1..{MAX_CAPACITY}, got {capacity}")
+        self._entries: deque[Decision] = deque(maxlen=capacity)
+
+    @property
+    def capacity(self) -> int:
+        return self._entries.maxlen or 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, decision: Decision) -> None:
+        self._entries.append(decision)
+
+    def set_status(self, request_id: str, status: int | None) -> None:
+        """Record the response status on the newest entry for `request_id`, if still held."""
+        for index in range(len(self._entries) - 1, -1, -1):
+            entry = self._entries[index]
+            if entry.request_id == request_id:
+                self._entries[index] = replace(entry, response_status=status)
+                return
+
+    def recent(self, limit: int | None = None) -> list[Decision]:
+        """Newest first, at most `limit` entries."""
+        entries = list(reversed(self._entries))
+        return entries if limit is None else entries[: max(0, limit)]
+
+
+def decisions_route(decisions: DecisionLog, *, path: str = "/debug/decisions") -> web.RouteDef:
+    """`GET path[?limit=N]`: `{"capacity": C, "decisions": [...]}` newest first; a bad limit is a 400."""
+
+    async def handler(request: web.Request) -> web.Response:
+        raw = request.query.get("limit")
+        limit: int | None = None
+        if raw is not None:
+            try:
+                limit = int(raw)
+            except ValueError:
+                return web.json_response({"error": "limit must be an integer"}, status=400)
+            if limit < 0:
+                return web.json_response({"error": "limit must be >= 0"}, status=400)
+        body = {
+            "capacity": decisions.capacity,
+            "decisions": [entry.to_json() for entry in decisions.recent(limit)],
+        }
+        return web.json_response(body, dumps=lambda obj: json.dumps(obj, default=str))
+
+    return web.get(path, handler)

@@ -1,0 +1,76 @@
+"""`GET /debug/decisions`: newest first, bounded, `limit` validated."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from epp.observability.decisions import Decision, DecisionLog, decisions_route
+from epp.observability.http import build_app
+
+
+def decision(index: int) -> Decision:
+    return Decision(
+        request_id=f"r{index}",
+        at_s=float(index),
+        model="m",
+        target_model="a1",
+        criticality="Standard",
+        outcome="routed",
+        candidates=("pod-0", "pod-1"),
+        chosen=("10.0.0.1:8000",),
+        reason="adapter-active",
+        scores={"pod-0": {"lora-affinity-scorer": 1.0}},
+        total_scores={"pod-0": 1.0},
+    )
+
+
+async def client_for(log: DecisionLog) -> TestClient:  # type: ignore[type-arg]
+    app = build_app(CollectorRegistry(), extra_routes=[decisions_route(log)])
+    client: TestClient = TestClient(TestServer(app, host="127.0.0.1"))  # type: ignore[type-arg]
+    await client.start_server()
+    return client
+
+
+async def test_decisions_are_served_newest_first_with_scores() -> None:
+    log = DecisionLog(capacity=3)
+    for index in range(5):
+        log.add(decision(index))
+    client = await client_for(log)
+    try:
+        response = await client.get("/debug/decisions")
+        assert response.status == 200
+        body = await response.json()
+        assert body["capacity"] == 3
+        assert [d["request_id"] for d in body["decisions"]] == ["r4", "r3", "r2"]
+        assert body["decisions"][0]["scores"] == {"pod-0": {"lora-affinity-scorer": 1.0}}
+        limited = await (await client.get("/debug/decisions?limit=1")).json()
+        assert [d["request_id"] for d in limited["decisions"]] == ["r4"]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("limit", ["abc", "-1"], ids=["not-a-number", "negative"])
+async def test_a_bad_limit_is_a_400(limit: str) -> None:
+    client = await client_for(DecisionLog())
+    try:
+        response = await client.get(f"/debug/decisions?limit={limit}")
+        assert response.status == 400
+        assert "limit" in (await response.json())["error"]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("capacity", [0, 100_001], ids=["zero", "too-large"])
+def test_capacity_is_bounded(capacity: int) -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        DecisionLog(capacity)
+
+
+def test_status_lands_on_the_newest_entry_for_the_request() -> None:
+    log = DecisionLog()
+    log.add(decision(1))
+    log.set_status("r1", 503)
+    log.set_status("gone", 200)
+    assert [d.response_status for d in log.recent()] == [503]

@@ -1,0 +1,151 @@
+"""`epp serve` flags → ServeSettings."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import pytest
+
+from epp.config import ServeSettings, configure_parser, settings_from_args
+from epp.errors import ConfigError
+from epp.extproc.stream import BodyMode
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServeSettings:
+    parser = argparse.ArgumentParser(prog="epp serve")
+    configure_parser(parser)
+    return settings_from_args(parser.parse_args(argv), environ if environ is not None else {})
+
+
+def test_defaults_match_upstream() -> None:
+    s = parse(["--pool-name", "p"])
+    assert (s.grpc_port, s.grpc_health_port, s.metrics_port) == (9002, 9003, 9090)
+    assert s.secure_serving is True
+    assert s.pool_namespace == "default"
+    assert s.pool_group == "inference.networking.k8s.io"
+    assert s.refresh_metrics_interval_s == pytest.approx(0.1)
+    assert s.metrics_staleness_threshold_s == pytest.approx(2.0)
+    assert s.body_mode is BodyMode.FULL_DUPLEX_STREAMED
+    assert s.model_server_metrics_port is None
+    assert s.model_server_metrics_insecure_skip_verify is True
+    assert s.verbosity == 2 and s.log_format == "json"
+    assert s.lease_name == "epp-default-p.gateway-api-inference-extension.sigs.k8s.io"
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "value"),
+    [
+        (["--secure-serving=false"], "secure_serving", False),
+        (["--secure-serving", "false"], "secure_serving", False),
+        (["--secure-serving"], "secure_serving", True),
+        (["--ha-enable-leader-election"], "ha_enable_leader_election", True),
+        (
+            ["--model-server-metrics-https-insecure-skip-verify=false"],
+            "model_server_metrics_insecure_skip_verify",
+            False,
+        ),
+        (["--refresh-metrics-interval", "50ms"], "refresh_metrics_interval_s", 0.05),
+        (["--refresh-metrics-interval=1m30s"], "refresh_metrics_interval_s", 90.0),
+        (["--metrics-staleness-threshold", "500ms"], "metrics_staleness_threshold_s", 0.5),
+        (["--body-mode", "buffered"], "body_mode", BodyMode.BUFFERED),
+        (["--model-server-metrics-port", "8001"], "model_server_metrics_port", 8001),
+        (["--policy", "round-robin"], "policy", "round-robin"),
+        (["--config-text", "kind: EndpointPickerConfig"], "picker_config_text", "kind: EndpointPickerConfig"),
+        (["--v", "4"], "verbosity", 4),
+        (["--grpc-port", "0"], "grpc_port", 0),
+        (["--max-request-body-bytes", "1024"], "max_request_body_bytes", 1024),
+    ],
+    ids=[
+        "secure-false-equals",
+        "secure-false-space",
+        "secure-bare",
+        "leader-election",
+        "skip-verify-false",
+        "refresh-ms",
+        "refresh-compound",
+        "staleness",
+        "body-mode",
+        "metrics-port",
+        "policy",
+        "config-text",
+        "verbosity",
+        "ephemeral-port",
+        "body-limit",
+    ],
+)
+def test_flag_values(argv: list[str], field: str, value: object) -> None:
+    s = parse(["--pool-name", "p", *argv])
+    got = getattr(s, field)
+    assert got == (pytest.approx(value) if isinstance(value, float) else value)
+
+
+def test_namespace_from_environment() -> None:
+    assert parse(["--pool-name", "p"], {"NAMESPACE": "team-a"}).pool_namespace == "team-a"
+    assert parse(["--pool-name", "p", "--pool-namespace", "x"], {"NAMESPACE": "team-a"}).pool_namespace == "x"
+
+
+def test_config_file_is_read(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "picker.yaml"
+    path.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n")
+    assert parse(["--pool-name", "p", "--config-file", str(path)]).picker_config_text == path.read_text()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--pool-name", "p", "--config-file", "a.yaml", "--config-text", "x"],
+        ["--pool-name", "p", "--refresh-metrics-interval", "soon"],
+        ["--pool-name", "p", "--refresh-metrics-interval", "0s"],
+        ["--pool-name", "p", "--grpc-port", "70000"],
+        ["--pool-name", "p", "--secure-serving=maybe"],
+        ["--pool-name", "p", "--body-mode", "STREAMED"],
+        ["--pool-name", "p", "--policy", "best"],
+        ["--pool-name", "p", "--max-request-body-bytes", "0"],
+    ],
+    ids=[
+        "config-exclusive",
+        "bad-duration",
+        "zero-duration",
+        "bad-port",
+        "bad-bool",
+        "bad-mode",
+        "bad-policy",
+        "zero-limit",
+    ],
+)
+def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        parse(argv)
+    assert caught.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--pool-name is required"),
+        (
+            ["--pool-name", "p", "--config-file", "/nonexistent/picker.yaml"],
+            "--config-file /nonexistent/picker.yaml",
+        ),
+        (["--pool-name", "p", "--secure-serving=false", "--cert-path", "/certs"], "--cert-path needs"),
+        (["--pool-name", "p", "--policy", "random", "--config-text", "x"], "--policy cannot be combined"),
+    ],
+    ids=["no-pool", "missing-config-file", "cert-without-tls", "policy-and-config"],
+)
+def test_inconsistent_flags_are_config_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("-", r"\-")):
+        parse(argv)
+
+
+def test_pool_file_makes_pool_name_optional(tmp_path: pathlib.Path) -> None:
+    s = parse(["--pool-file", str(tmp_path / "pool.yaml")])
+    assert s.pool_file == tmp_path / "pool.yaml" and s.pool_name == ""
+
+
+def test_every_flag_is_documented() -> None:
+    parser = argparse.ArgumentParser(prog="epp serve")
+    configure_parser(parser)
+    undocumented = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+    assert undocumented == []
