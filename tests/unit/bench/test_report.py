@@ -1,0 +1,119 @@
+"""Outputs: results.json keys, report.md, PNG plots; and the `epp bench` command end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from epp.bench import report, runner, scenario
+from epp.cli import main
+
+REQUIRED_KEYS = {
+    "requests",
+    "swaps_per_1k",
+    "adapter_hit_rate",
+    "prefix_hit_rate",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "throughput_rps",
+    "slo_goodput",
+    "replicas_for_slo",
+}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def small_result() -> runner.BenchResult:
+    sc = scenario.load("dedicated").with_overrides(duration_s=30.0, replicas=2)
+    sc = dataclasses.replace(sc, slo=scenario.Slo(ttft_s=1.0, target_goodput=0.9, max_replicas=6))
+    return runner.run_bench(sc, ["default", "round-robin"], search_replicas=True)
+
+
+def test_outputs_are_written_and_well_formed(tmp_path: Path, small_result: runner.BenchResult) -> None:
+    written = report.write_outputs(small_result, tmp_path, command="epp bench --scenario dedicated")
+    names = {p.name for p in written}
+    assert {"results.json", "report.md", "latency_cdf.png", "swaps.png", "replicas_for_slo.png"} <= names
+    for png in tmp_path.glob("*.png"):
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert set(doc["policies"]) == {"default", "round-robin"}
+    for figures in doc["policies"].values():
+        assert set(figures) >= REQUIRED_KEYS
+        assert figures["requests"] > 0
+    dedicated = doc["comparisons"]["dedicated"]
+    assert set(dedicated["per_adapter_replicas"]) == {f"adapter-{i:03d}" for i in range(5)}
+    md = (tmp_path / "report.md").read_text()
+    assert "| default |" in md and "![latency_cdf](latency_cdf.png)" in md
+
+
+def test_table_has_one_row_per_policy(small_result: runner.BenchResult) -> None:
+    lines = report.format_table(small_result).splitlines()
+    assert lines[0].startswith("policy")
+    assert [line.split()[0] for line in lines[2:4]] == ["default", "round-robin"]
+
+
+@pytest.mark.parametrize(
+    ("baseline", "ours", "expected"),
+    [(10.0, 2.0, 0.8), (math.inf, 1.0, 1.0), (1.0, math.inf, None), (2.0, 2.0, 0.0)],
+    ids=["lower", "baseline-never-served", "ours-never-served", "equal"],
+)
+def test_reduction(baseline: float, ours: float, expected: float | None) -> None:
+    assert report._reduction(baseline, ours) == expected
+
+
+def test_cli_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "bench",
+            "--scenario",
+            "brief",
+            "--policies",
+            "default,round-robin",
+            "--duration",
+            "20s",
+            "--replicas",
+            "2",
+            "--replica-search=false",
+            "--progress=false",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "default" in out and "round-robin" in out
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["scenario"]["replicas"] == 2
+    assert doc["policies"]["default"]["replicas_for_slo"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--scenario", "nope"], "unknown scenario"),
+        (["--policies", "default,best"], "unknown policies best"),
+        (["--trace", "/no/such.csv"], "neither a packaged trace nor a file"),
+        (["--adapters", "0"], "--adapters"),
+    ],
+    ids=["scenario", "policy", "trace", "adapters"],
+)
+def test_cli_bad_input_exits_2_with_a_message(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *argv]) == 2
+    assert error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("reduction", "text"),
+    [(0.65, "65.0% lower"), (-0.2, "20.0% higher"), (None, "-")],
+    ids=["lower", "higher", "undefined"],
+)
+def test_change_wording(reduction: float | None, text: str) -> None:
+    assert report._fmt_change(reduction) == text
