@@ -1,0 +1,182 @@
+"""Which adapters each pod holds in its GPU LoRA slots, modelled from what the EPP routed.
+
+vLLM's `lora_requests_info` lists only adapters with a scheduled request: an idle adapter
+still sitting in a GPU slot is invisible, and so is a request waiting for a slot. So we
+keep our own model per pod: GPU slots (`max_lora` from the scrape, or a default) in LRU
+order, behind them a CPU tier (`--max-cpu-loras`, not observable, so a configurable
+default). Routing a request makes its adapter most-recently-used on that pod; a full pod
+evicts its least-recently-used adapter that has nothing in flight. Each scrape adds the
+adapters it shows as active. A gap between scrapes (the pod may have restarted) lowers
+our confidence in the idle entries; a long gap clears them.
+
+Memory: per pod at most `slots` GPU entries (plus transient over-commit while every slot
+is busy) and `cpu_slots` CPU entries; pods not seen for a while are dropped by `forget`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from epp.datastore.types import EndpointState
+from epp.scheduling.inflight import InflightTracker
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyParams:
+    default_max_lora: int = 4  # GPU slots assumed until a scrape reports max_lora
+    default_max_cpu_lora: int = 0  # CPU-tier size; 0 = same as the GPU slot count (vLLM's default)
+    confidence_gap_s: float = 10.0  # a scrape gap longer than this halves confidence in idle entries
+    reset_gap_s: float = 60.0  # a scrape gap longer than this clears the pod (assume a restart)
+
+    def __post_init__(self) -> None:
+        if self.default_max_lora < 1:
+            raise ValueError("default_max_lora must be at least 1")
+        if self.default_max_cpu_lora < 0:
+            raise ValueError("default_max_cpu_lora must not be negative")
+        if not 0 < self.confidence_gap_s <= self.reset_gap_s:
+            raise ValueError("need 0 < confidence_gap_s <= reset_gap_s")
+
+
+@dataclass(slots=True)
+class PodResidency:
+    """One pod's modelled LoRA state. `gpu` maps adapter → confidence in (0, 1], LRU first."""
+
+    slots: int
+    cpu_slots: int
+    gpu: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    cpu: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    last_scrape_at: float | None = None
+    observed_active: frozenset[str] = frozenset()
+
+    def free_slots(self) -> int:
+        return max(0, self.slots - len(self.gpu))
+
+
+class ResidencyModel:
+    """Per-pod GPU/CPU LoRA residency plus a reverse index adapter → pods holding it in GPU."""
+
+    def __init__(self, inflight: InflightTracker, params: ResidencyParams | None = None) -> None:
+        self._inflight = inflight
+        self.params = params or ResidencyParams()
+        self._pods: dict[str, PodResidency] = {}
+        self._homes: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    @property
+    def pods(self) -> Mapping[str, PodResidency]:
+        """Endpoint name → modelled pod state (read-only view for scorers)."""
+        return self._pods
+
+    def pod(self, endpoint: str) -> PodResidency | None:
+        return self._pods.get(endpoint)
+
+    def homes(self, adapter: str) -> frozenset[str] | set[str]:
+        """Pods modelled as holding `adapter` in a GPU slot (do not mutate)."""
+        return self._homes.get(adapter, _NO_HOMES)
+
+    def _pod_for(self, endpoint: str, slots: int | None = None) -> PodResidency:
+        pod = self._pods.get(endpoint)
+        if pod is None:
+            gpu_slots = slots or self.params.default_max_lora
+            pod = PodResidency(slots=gpu_slots, cpu_slots=self._cpu_slots(gpu_slots))
+            self._pods[endpoint] = pod
+        return pod
+
+    def _cpu_slots(self, gpu_slots: int) -> int:
+        return max(gpu_slots, self.params.default_max_cpu_lora)
+
+    def observe(self, state: EndpointState) -> None:
+        """Fold in a scrape; a no-op when `state.metrics` was already seen."""
+        metrics = state.metrics
+        if metrics is None or state.scrape_failures:
+            return
+        pod = self._pods.get(state.name)
+        if pod is not None and pod.last_scrape_at == metrics.updated_at:
+            return
+        slots = metrics.max_lora or (pod.slots if pod else self.params.default_max_lora)
+        if pod is None:
+            pod = self._pod_for(state.name, slots)
+        elif pod.slots != slots:
+            pod.slots = slots
+            pod.cpu_slots = self._cpu_slots(slots)
+        if pod.last_scrape_at is not None:
+            gap_s = metrics.updated_at - pod.last_scrape_at
+            if gap_s > self.params.reset_gap_s:
+                self._clear(state.name, pod)
+            elif gap_s > self.params.confidence_gap_s:
+                for adapter in pod.gpu:
+                    pod.gpu[adapter] *= 0.5
+        pod.last_scrape_at = metrics.updated_at
+        pod.observed_active = metrics.active_adapters
+        for adapter in metrics.active_adapters:
+            self._touch(state.name, pod, adapter)
+        self._trim(state.name, pod, keep=None)
+
+    def on_routed(self, endpoint: str, adapter: str) -> None:
+        """`adapter` was just sent to `endpoint`: make it MRU there, evicting an idle LRU if full."""
+        pod = self._pod_for(endpoint)
+        self._touch(endpoint, pod, adapter)
+        self._trim(endpoint, pod, keep=adapter)
+
+    def on_completed(self, endpoint: str) -> None:
+        """A request on `endpoint` finished: slots it held may be evicted again, so re-trim."""
+        pod = self._pods.get(endpoint)
+        if pod is not None and len(pod.gpu) > pod.slots:
+            self._trim(endpoint, pod, keep=None)
+
+    def victim(self, endpoint: str, pod: PodResidency) -> str | None:
+        """The adapter a load on a full `pod` would evict: its LRU entry with nothing in flight."""
+        for adapter in pod.gpu:
+            if self._evictable(endpoint, pod, adapter):
+                return adapter
+        return None
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop every pod not in `keep` (endpoints that left the pool)."""
+        keep_set = set(keep)
+        for endpoint in [e for e in self._pods if e not in keep_set]:
+            self._clear(endpoint, self._pods.pop(endpoint))
+
+    def _evictable(self, endpoint: str, pod: PodResidency, adapter: str) -> bool:
+        return adapter not in pod.observed_active and self._inflight.adapter_count(endpoint, adapter) == 0
+
+    def _touch(self, endpoint: str, pod: PodResidency, adapter: str) -> None:
+        pod.gpu[adapter] = 1.0
+        pod.gpu.move_to_end(adapter)
+        pod.cpu.pop(adapter, None)
+        self._homes.setdefault(adapter, set()).add(endpoint)
+
+    def _trim(self, endpoint: str, pod: PodResidency, keep: str | None) -> None:
+        while len(pod.gpu) > pod.slots:
+            victim = next(
+                (a for a in pod.gpu if a != keep and self._evictable(endpoint, pod, a)),
+                None,
+            )
+            if victim is None:
+                return  # every slot is busy: vLLM defers the new adapter; so do we
+            del pod.gpu[victim]
+            self._drop_home(victim, endpoint)
+            pod.cpu[victim] = None
+            pod.cpu.move_to_end(victim)
+            while len(pod.cpu) > pod.cpu_slots:
+                pod.cpu.popitem(last=False)
+
+    def _clear(self, endpoint: str, pod: PodResidency) -> None:
+        for adapter in pod.gpu:
+            self._drop_home(adapter, endpoint)
+        pod.gpu.clear()
+        pod.cpu.clear()
+
+    def _drop_home(self, adapter: str, endpoint: str) -> None:
+        homes = self._homes.get(adapter)
+        if homes is not None:
+            homes.discard(endpoint)
+            if not homes:
+                del self._homes[adapter]
+
+
+_NO_HOMES: frozenset[str] = frozenset()

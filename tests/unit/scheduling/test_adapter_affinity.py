@@ -1,0 +1,143 @@
+"""Our adapter-affinity tiers, as a user sees them: which pod the default policy picks and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.datastore.types import EndpointState
+from epp.scheduling.build import build_scheduler
+from epp.scheduling.framework import ProfileScheduler
+from epp.scheduling.types import LLMRequest
+from tests.unit.scheduling.helpers import BASE, endpoint_state, snapshot_of
+
+NOW = 10.0
+
+
+def _request(model: str, i: int = 0) -> LLMRequest:
+    return LLMRequest(request_id=f"r{i}", incoming_model=model, target_model=model)
+
+
+def _affinity(scheduler: ProfileScheduler, states: list[EndpointState], model: str) -> dict[str, float]:
+    result = scheduler.schedule(_request(model, 999), states, snapshot_of(states, NOW), NOW)
+    return {n: s["adapter-affinity-scorer"] for n, s in result.scores.items()}
+
+
+def _default() -> ProfileScheduler:
+    scheduler = build_scheduler(seed=1)
+    assert isinstance(scheduler, ProfileScheduler)
+    return scheduler
+
+
+def _route(scheduler: ProfileScheduler, states: list[EndpointState], model: str, pod: int, i: int) -> None:
+    request = _request(model, i)
+    result = scheduler.schedule(request, [states[pod]], snapshot_of(states, NOW), NOW)
+    scheduler.on_routed(request, result, NOW)
+    scheduler.on_completed(request, result.primary.name, NOW, ok=True)
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected_reason"),
+    [
+        ("active-on-0", "adapter-active"),
+        ("resident-idle-on-0", "adapter-resident"),
+        ("nowhere", "free-slot"),
+    ],
+    ids=["active", "resident-idle", "free-slot"],
+)
+def test_tier_order(setup: str, expected_reason: str) -> None:
+    scheduler = _default()
+    states = [
+        endpoint_state(0, updated_at=NOW, active={"a"} if setup == "active-on-0" else ()),
+        endpoint_state(1, updated_at=NOW),
+    ]
+    if setup == "resident-idle-on-0":
+        _route(scheduler, states, "a", 0, 1)
+    result = scheduler.schedule(_request("a", 5), states, snapshot_of(states, NOW), NOW)
+    assert result.reason == expected_reason
+    if setup != "nowhere":
+        assert result.primary.name == "pod-0-rank-0"
+
+
+def test_idle_resident_adapter_wins_though_vllm_reports_nothing() -> None:
+    scheduler = _default()
+    states = [endpoint_state(i, updated_at=NOW) for i in range(4)]
+    _route(scheduler, states, "a", 2, 1)
+    # The scrape shows no adapter anywhere (idle residents are invisible to vLLM's metric).
+    result = scheduler.schedule(_request("a", 2), states, snapshot_of(states, NOW), NOW)
+    assert result.primary.name == "pod-2-rank-0"
+    assert result.reason == "adapter-resident"
+
+
+def test_base_model_needs_no_slot_so_load_decides() -> None:
+    scheduler = _default()
+    states = [
+        endpoint_state(0, updated_at=NOW, waiting=9, active={"x", "y"}),
+        endpoint_state(1, updated_at=NOW),
+    ]
+    scores = _affinity(scheduler, states, BASE)
+    assert set(scores.values()) == {1.0}
+    result = scheduler.schedule(_request(BASE), states, snapshot_of(states, NOW), NOW)
+    assert result.primary.name == "pod-1-rank-0"
+    assert result.reason == "base-model"
+
+
+def test_evicting_a_cold_victim_beats_evicting_a_hot_only_home() -> None:
+    scheduler = _default()
+    states = [endpoint_state(i, updated_at=NOW, max_lora=1) for i in range(2)]
+    for i in range(20):
+        _route(scheduler, states, "hot", 0, i)  # pod 0: only home of a hot adapter
+    _route(scheduler, states, "cold", 1, 100)  # pod 1: a cold adapter
+    scores = _affinity(scheduler, states, "rare")
+    assert scores["pod-0-rank-0"] == 0.0  # never evict a hotter adapter's only home for a colder one
+    assert scores["pod-1-rank-0"] > 0.0
+    result = scheduler.schedule(_request("rare", 200), states, snapshot_of(states, NOW), NOW)
+    assert result.primary.name == "pod-1-rank-0"
+
+
+def test_saturated_home_spills_to_a_free_slot() -> None:
+    scheduler = _default()
+    states = [
+        endpoint_state(0, updated_at=NOW, waiting=12, active={"hot"}),
+        endpoint_state(1, updated_at=NOW),
+    ]
+    result = scheduler.schedule(_request("hot"), states, snapshot_of(states, NOW), NOW)
+    assert result.primary.name == "pod-1-rank-0"
+    assert result.scores["pod-1-rank-0"]["adapter-affinity-scorer"] > 0.4
+
+
+def test_pod_without_lora_scores_zero_for_adapters() -> None:
+    scheduler = _default()
+    states = [
+        endpoint_state(0, updated_at=NOW, lora_enabled=False),
+        endpoint_state(1, updated_at=NOW, waiting=3),
+    ]
+    result = scheduler.schedule(_request("a"), states, snapshot_of(states, NOW), NOW)
+    assert result.primary.name == "pod-1-rank-0"
+
+
+def test_burst_between_scrapes_spreads_by_inflight() -> None:
+    """Many base requests before the next scrape must not all land on one pod."""
+    scheduler = _default()
+    states = [endpoint_state(i, updated_at=NOW) for i in range(4)]
+    picks: dict[str, int] = {}
+    for i in range(40):
+        request = _request(BASE, i)
+        result = scheduler.schedule(request, states, snapshot_of(states, NOW), NOW + 0.01 * i)
+        scheduler.on_routed(request, result, NOW + 0.01 * i)
+        picks[result.primary.name] = picks.get(result.primary.name, 0) + 1
+    assert len(picks) == 4
+    assert max(picks.values()) - min(picks.values()) <= 2
+
+
+def test_large_pool_scores_a_sample_but_always_the_homes() -> None:
+    scheduler = _default()
+    states = [endpoint_state(i, updated_at=NOW) for i in range(300)]
+    _route(scheduler, states, "a", 217, 1)
+    subset = states[100:]
+    names = {s.name for s in subset}
+    for i in range(20):
+        result = scheduler.schedule(_request("a", 10 + i), subset, snapshot_of(states, NOW), NOW)
+        assert {e.name for e in result.endpoints} <= names
+        assert result.primary.name == "pod-217-rank-0"
+    other = scheduler.schedule(_request("b", 99), subset, snapshot_of(states, NOW), NOW)
+    assert other.primary.name in names

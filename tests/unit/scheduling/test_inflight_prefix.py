@@ -1,0 +1,72 @@
+"""In-flight accounting (burst between scrapes) and the adapter-aware prefix index."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.scheduling.inflight import InflightTracker
+from epp.scheduling.prefix import PrefixIndex, prefix_hashes
+
+
+def test_inflight_counts_and_since_scrape() -> None:
+    t = InflightTracker()
+    t.add("r1", "p", "a", 1.0)
+    t.add("r2", "p", "a", 2.0)
+    t.add("r3", "p", "b", 3.0)
+    assert t.count("p") == 3
+    assert t.routed_since("p", 1.5) == 2
+    assert t.adapter_count("p", "a") == 2
+    assert t.remove("r2") == "p"
+    assert t.routed_since("p", 1.5) == 1
+    assert t.adapter_count("p", "a") == 1
+    assert t.remove("unknown") is None
+
+
+def test_inflight_expires_lost_completions_and_is_bounded() -> None:
+    t = InflightTracker(request_timeout_s=10.0, max_tracked=100)
+    t.add("old", "p", "a", 0.0)
+    t.add("new", "p", "a", 11.0)
+    assert t.count("p") == 1
+    for i in range(1000):
+        t.add(f"r{i}", "q", "a", 12.0)
+    assert len(t) <= 100
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "block", "max_blocks", "expected"),
+    [(0, 64, 256, 0), (63, 64, 256, 0), (64, 64, 256, 1), (200, 64, 256, 3), (64 * 300, 64, 256, 256)],
+    ids=["empty", "partial-block", "one-block", "trailing-ignored", "capped"],
+)
+def test_block_count(prompt_len: int, block: int, max_blocks: int, expected: int) -> None:
+    assert (
+        len(prefix_hashes("m", "x" * prompt_len, block_size_chars=block, max_blocks=max_blocks)) == expected
+    )
+
+
+def test_hashes_are_per_model_and_chained() -> None:
+    prompt = "abcd" * 64
+    a = prefix_hashes("lora-a", prompt, block_size_chars=64, max_blocks=256)
+    b = prefix_hashes("lora-b", prompt, block_size_chars=64, max_blocks=256)
+    assert not set(a) & set(b), "an adapter never matches another adapter's blocks"
+    assert len(set(a)) == len(a), "identical blocks at different depths hash differently"
+
+
+def test_match_counts_leading_blocks_per_endpoint() -> None:
+    index = PrefixIndex()
+    h = prefix_hashes("m", "s" * 64 * 4, block_size_chars=64, max_blocks=256)
+    index.record("p1", h[:2])
+    index.record("p2", h)
+    index.record("p3", h[1:])  # no block 0: no prefix match at all
+    assert index.match(h) == {"p1": 2, "p2": 4}
+
+
+def test_lru_capacity_evicts_and_forgets() -> None:
+    index = PrefixIndex(default_capacity_per_endpoint=3)
+    h = prefix_hashes("m", "z" * 64 * 5, block_size_chars=64, max_blocks=256)
+    index.record("p", h)
+    assert len(index) == 3
+    assert index.match(h) == {}  # the leading blocks were evicted first
+    index.set_capacity("p", 1)
+    assert len(index) == 1
+    index.forget([])
+    assert len(index) == 0
