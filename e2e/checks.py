@@ -1,0 +1,201 @@
+"""The end-to-end checks. Each takes a `Stack` and asserts what a user of the gateway sees.
+
+The first four mirror what the Gateway API Inference Extension conformance suite asks of an
+endpoint picker; the rest are lora-epp's own promises. Every loop here is bounded in count
+and in time; no check asserts on latency.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+from e2e.client import Reply, complete, complete_many
+from e2e.stack import Stack, picks_from_log
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.5) -> T:
+    """Call `probe` until it returns something other than None, for at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def _ok(replies: list[Reply]) -> list[Reply]:
+    bad = [(r.status, r.body[:200]) for r in replies if r.status != 200]
+    assert not bad, f"{len(bad)} of {len(replies)} requests failed: {bad[:3]}"
+    return replies
+
+
+def _settled(stack: Stack, *, count: int, avoid_pod: str = "", timeout_s: float = 60.0) -> list[Reply]:
+    """`count` requests in a row that all succeed (and none from `avoid_pod`), within `timeout_s`."""
+
+    def probe() -> list[Reply] | None:
+        replies = complete_many(stack.gateway_url, [stack.adapters[0]] * count, concurrency=2)
+        if all(r.status == 200 and r.pod != avoid_pod for r in replies):
+            return replies
+        return None
+
+    return eventually(probe, timeout_s=timeout_s, what=f"{count} clean requests in a row")
+
+
+# -- what the conformance suite checks -----------------------------------------------------------
+
+
+def check_requests_follow_the_epp_pick(stack: Stack) -> None:
+    """Each request is served by exactly the endpoint the EPP picked for it."""
+    before = len(picks_from_log(stack.epp_log_lines()))
+    replies = [complete(stack.gateway_url, adapter) for adapter in list(stack.adapters) * 3]
+    _ok(replies)
+    endpoints = stack.endpoints()
+    picks = picks_from_log(stack.epp_log_lines())[before:]
+    assert picks, "the EPP logged no picks (it must run with --v=4 or more)"
+    by_id = dict(picks)
+    if all(r.request_id in by_id for r in replies):
+        picked = [by_id[r.request_id] for r in replies]
+    else:
+        # Some gateways replace the client's x-request-id; requests were sent one at a time,
+        # so the EPP's picks are in request order.
+        assert len(picks) == len(replies), f"{len(picks)} picks logged for {len(replies)} requests"
+        picked = [destination for _, destination in picks]
+    for reply, destination in zip(replies, picked, strict=True):
+        assert reply.pod in endpoints, f"served by {reply.pod!r}, not a pod of the pool {sorted(endpoints)}"
+        assert endpoints[reply.pod] == destination.split(",")[0], (
+            f"EPP picked {destination} but {reply.pod} ({endpoints[reply.pod]}) served the request"
+        )
+
+
+def check_response_path_reaches_the_epp(stack: Stack) -> None:
+    """The gateway sends the response back through the EPP (where served-endpoint feedback and
+    usage accounting happen): the EPP's response-header mark reaches the client."""
+    reply = complete(stack.gateway_url, stack.adapters[0])
+    assert reply.status == 200, reply.body[:200]
+    assert reply.headers.get("x-went-into-resp-headers") == "true", sorted(reply.headers)
+    assert reply.pod in stack.endpoints()
+
+
+def check_fail_open_serves_without_the_epp(stack: Stack) -> None:
+    """A FailOpen pool keeps answering 200 while its EPP is gone, and routing resumes after."""
+    if not stack.fail_open:
+        pytest.skip("the pool is FailClose")
+    with stack.epp_stopped():
+        replies = _ok(complete_many(stack.gateway_url, [stack.adapters[0]] * 10, concurrency=2))
+        assert {r.pod for r in replies} <= set(stack.endpoints())
+    _settled(stack, count=5)
+
+
+def check_weighted_split_across_two_pools(stack: Stack) -> None:
+    """An HTTPRoute with two weighted InferencePool backends splits traffic by weight."""
+    if stack.split is None:
+        pytest.skip("this stack has a single pool")
+    requests = 100
+    with stack.split() as split:
+        replies = _ok(
+            complete_many(
+                stack.gateway_url, [stack.adapters[0]] * requests, headers=split.headers, concurrency=4
+            )
+        )
+        served = collections.Counter(split.pool_of_pod(r.pod) for r in replies)
+    total_weight = sum(split.weights.values())
+    for pool, weight in split.weights.items():
+        expected = requests * weight / total_weight
+        # ±5 standard deviations of a binomial draw: fails on a broken split, not on bad luck.
+        spread = 5 * (requests * (weight / total_weight) * (1 - weight / total_weight)) ** 0.5
+        assert abs(served[pool] - expected) <= spread, (
+            f"{pool}: {served[pool]} of {requests}, want ≈{expected:.0f}"
+        )
+
+
+# -- lora-epp's own promises ----------------------------------------------------------------------
+
+
+def check_applied_inference_model_takes_effect(stack: Stack) -> None:
+    """A new InferenceModel is routable (to its target adapter) without a restart, and gone
+    again once deleted."""
+    name, target = "e2e-alias", stack.adapters[-1]
+    assert complete(stack.gateway_url, name).status == 404
+    stack.apply_inference_model(name, name, [target])
+    try:
+        reply = eventually(
+            lambda: r if (r := complete(stack.gateway_url, name)).status == 200 else None,
+            timeout_s=30,
+            what=f"model {name} to be served",
+        )
+        assert reply.model == target, f"served as {reply.model!r}, want the target adapter {target!r}"
+    finally:
+        stack.delete_inference_model(name)
+    eventually(
+        lambda: True if complete(stack.gateway_url, name).status == 404 else None,
+        timeout_s=30,
+        what=f"model {name} to be unknown again",
+    )
+
+
+def _adapter_workload(adapters: list[str], requests: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice(adapters) for _ in range(requests)]
+
+
+def check_adapter_affinity_cuts_swaps(stack: Stack) -> None:
+    """The same adapter mix causes far fewer adapter loads through the EPP than through plain
+    load balancing over the same kind of pods."""
+    baseline = stack.baseline
+    if baseline is None:
+        pytest.skip("this stack has no plain load-balanced path to compare with")
+    workload = _adapter_workload(list(stack.adapters), requests=120, seed=7)
+    before = baseline.adapter_loads()
+    _ok(complete_many(baseline.url, workload, headers=baseline.headers, concurrency=4))
+    baseline_loads = baseline.adapter_loads() - before
+    before = stack.adapter_loads()
+    _ok(complete_many(stack.gateway_url, workload, concurrency=4))
+    epp_loads = stack.adapter_loads() - before
+    assert baseline_loads > 0, "the baseline never swapped adapters: the workload does not test anything"
+    assert epp_loads <= 0.5 * baseline_loads, (
+        f"adapter loads: EPP {epp_loads}, plain load balancing {baseline_loads}"
+    )
+
+
+def check_deleted_pod_is_no_longer_picked(stack: Stack) -> None:
+    """After a pod is deleted, requests keep succeeding and none goes to it."""
+    endpoints = stack.endpoints()
+    assert len(endpoints) >= 2, f"need two pods, have {sorted(endpoints)}"
+    _ok(complete_many(stack.gateway_url, list(stack.adapters) * 2, concurrency=2))
+    victim = sorted(endpoints)[0]
+    stack.delete_pod(victim)
+    _settled(stack, count=20, avoid_pod=victim)
+    assert victim not in stack.endpoints()
+
+
+def check_ha_failover(stack: Stack) -> None:
+    """With two EPP replicas, killing the leader hands routing to the other replica."""
+    if stack.kill_epp_leader is None:
+        pytest.skip("this stack runs a single EPP replica")
+    _ok(complete_many(stack.gateway_url, [stack.adapters[0]] * 5, concurrency=1))
+    stack.kill_epp_leader()
+    # One lease duration (15 s by default) plus the gateway noticing the new ready endpoint.
+    _settled(stack, count=10, timeout_s=90)
+
+
+# Routing checks first, then the disruptive ones (EPP stopped, pod deleted, leader killed).
+CHECKS: dict[str, Callable[[Stack], None]] = {
+    "follow-pick": check_requests_follow_the_epp_pick,
+    "response-path": check_response_path_reaches_the_epp,
+    "apply-inference-model": check_applied_inference_model_takes_effect,
+    "adapter-affinity": check_adapter_affinity_cuts_swaps,
+    "weighted-split": check_weighted_split_across_two_pools,
+    "fail-open": check_fail_open_serves_without_the_epp,
+    "pod-deletion": check_deleted_pod_is_no_longer_picked,
+    "ha-failover": check_ha_failover,
+}
