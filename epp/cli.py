@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "envoy-config": ("epp.envoy.cli", "write an Envoy bootstrap that routes through the EPP"),
     "demo": ("epp.demo", "run Envoy + simulated pods + EPP locally and compare with round-robin"),
     "bench": ("epp.bench.cli", "discrete-event benchmark of routing policies"),
+    "controller": ("epp.controller.cli", "reconcile LLMInferenceServices into model servers, pool and EPP"),
+    "sidecar": ("epp.sidecar.cli", "serve a model server's adapter state and runtime loads over gRPC"),
 }
 
 

@@ -250,9 +250,7 @@ class Datastore:
             if self._references_pool(model.namespace, model.pool_name):
                 winners.setdefault(model.model_name, model)
         objectives = {
-            o.name: o
-            for o in self._objectives.values()
-            if self._references_pool(o.namespace, o.pool_name)
+            o.name: o for o in self._objectives.values() if self._references_pool(o.namespace, o.pool_name)
         }
         self._winners = MappingProxyType(winners)
         self._objectives_by_name = MappingProxyType(objectives)

@@ -1,0 +1,1 @@
+"""The LLMInferenceService controller: one object → the whole serving stack (see `reconcile`)."""

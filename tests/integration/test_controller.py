@@ -1,0 +1,354 @@
+"""The real controller against an API server (the fake one, or a cluster with `--kube-real`):
+applying the brief's object yields the whole serving stack; scale-out, adapter edits, bad
+specs and readiness behave as a user expects; a second pass writes nothing."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.controller.kubeapi import KubeApi
+from epp.controller.reconcile import Outcome, Reconciler
+from epp.sources.kube import load_api_client
+from tests.fakekube.plugin import KubeEnv, needs_fake
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LLMIS = "inference.llm-d.ai/v1alpha1"
+MODEL_API = "inference.networking.x-k8s.io/v1alpha2"
+POOL_API = "inference.networking.k8s.io/v1"
+
+
+def brief_object(env: KubeEnv) -> dict[str, Any]:
+    """The brief's fragments assembled (the sample), in the test namespace."""
+    (obj,) = yaml.safe_load_all(
+        (ROOT / "manifests" / "controller" / "samples" / "legal-assistants.yaml").read_text()
+    )
+    obj["metadata"]["namespace"] = env.namespace
+    return dict(obj)
+
+
+def reconcile(env: KubeEnv, name: str = "legal-assistants") -> Outcome:
+    reconciler = Reconciler(KubeApi(load_api_client(env.kubeconfig)))
+    current = env.get(LLMIS, "LLMInferenceService", env.namespace, name)
+    assert current is not None
+    return reconciler.reconcile(current)
+
+
+def owned(env: KubeEnv) -> dict[str, dict[str, Any]]:
+    kinds = [
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("v1", "ConfigMap"),
+        ("v1", "ServiceAccount"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+        (POOL_API, "InferencePool"),
+        (MODEL_API, "InferenceModel"),
+    ]
+    return {
+        f"{kind}/{obj['metadata']['name']}": obj
+        for api_version, kind in kinds
+        for obj in env.list(api_version, kind, env.namespace)
+    }
+
+
+def vllm_args(env: KubeEnv) -> list[str]:
+    deployment = env.get("apps/v1", "Deployment", env.namespace, "legal-assistants")
+    assert deployment is not None
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_the_brief_object_yields_the_full_stack_owned_by_it(kube: KubeEnv) -> None:
+    created = kube.put(brief_object(kube))
+    outcome = reconcile(kube)
+    objects = owned(kube)
+    assert sorted(objects) == [
+        "ConfigMap/legal-assistants-epp",
+        "Deployment/legal-assistants",
+        "Deployment/legal-assistants-epp",
+        "InferenceModel/legal-assistants-code-reviewer-xl",
+        "InferenceModel/legal-assistants-legal-assistant-v2",
+        "InferenceModel/legal-assistants-llama-3.1-70b",
+        "InferencePool/legal-assistants",
+        "Role/legal-assistants-epp",
+        "RoleBinding/legal-assistants-epp",
+        "Service/legal-assistants",
+        "Service/legal-assistants-epp",
+        "ServiceAccount/legal-assistants-epp",
+    ]
+    for obj in objects.values():
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "LLMInferenceService",
+            "legal-assistants",
+            created["metadata"]["uid"],
+            True,
+        )
+    deployment = objects["Deployment/legal-assistants"]
+    assert deployment["spec"]["replicas"] == 6
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"--enable-lora", "--max-loras=4", "--served-model-name=llama-3.1-70b"} <= set(container["args"])
+    assert "--model=meta-llama/Llama-3.1-70B-Instruct" in container["args"]
+    assert not any(a.startswith("--lora-modules") for a in container["args"])  # demand: loaded at run time
+    assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]
+    sidecar = deployment["spec"]["template"]["spec"]["containers"][1]
+    assert sidecar["args"] == ["sidecar", "--model-server=http://127.0.0.1:8000", "--port=9010"]
+    models = {o["spec"]["modelName"] for k, o in objects.items() if k.startswith("InferenceModel/")}
+    assert models == {"llama-3.1-70b", "legal-assistant-v2", "code-reviewer-xl"}
+    data = objects["ConfigMap/legal-assistants-epp"]["data"]
+    catalog = yaml.safe_load(data["adapters.yaml"])
+    assert catalog == {
+        "preloadStrategy": "demand",
+        "adapters": [
+            {"name": "legal-assistant-v2", "path": "legal-lora"},
+            {"name": "code-reviewer-xl", "path": "code-lora"},
+        ],
+    }
+    scheduler = yaml.safe_load(data["scheduler.yaml"])
+    assert scheduler["kind"] == "EndpointPickerConfig"
+    weights = {e["pluginRef"]: e.get("weight") for e in scheduler["schedulingProfiles"][0]["plugins"]}
+    assert weights["adapter-affinity-scorer"] == 0.5 and weights["kv-cache-match-scorer"] == 0.2
+    pool = objects["InferencePool/legal-assistants"]["spec"]
+    assert pool["endpointPickerRef"]["name"] == "legal-assistants-epp"
+    assert pool["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    status = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")["status"]  # type: ignore[index]
+    assert (status["replicas"], status["readyReplicas"], status["adapters"]) == (6, 0, 2)
+    (ready,) = status["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "Progressing")
+    assert not outcome.ready
+
+
+def test_a_second_pass_writes_nothing(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    first = reconcile(kube)
+    assert len(first.writes) >= 12
+    second = reconcile(kube)
+    assert second.writes == ()
+
+
+def test_scale_out_patches_only_the_replica_count(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    before = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
+    obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    assert obj is not None and before is not None
+    obj["spec"]["replicas"] = 8
+    kube.put(obj)
+    outcome = reconcile(kube)
+    assert [w for w in outcome.writes if not w.endswith("/status")] == ["patch Deployment/legal-assistants"]
+    after = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
+    assert after is not None
+    assert after["spec"]["replicas"] == 8
+    assert after["spec"]["template"] == before["spec"]["template"]  # no pod restarts
+
+
+def test_adapter_edits_on_demand_change_no_pod_template(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    template = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")["spec"]["template"]  # type: ignore[index]
+    obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    assert obj is not None
+    obj["spec"]["adapters"]["items"] = [
+        {"name": "legal-assistant-v2", "source": "huggingface/legal-lora"},
+        {"name": "tax-advisor", "source": "hf://org/tax-lora"},
+    ]
+    kube.put(obj)
+    outcome = reconcile(kube)
+    assert sorted(w for w in outcome.writes if not w.endswith("/status")) == [
+        "create InferenceModel/legal-assistants-tax-advisor",
+        "delete InferenceModel/legal-assistants-code-reviewer-xl",
+        "patch ConfigMap/legal-assistants-epp",
+    ]
+    after = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
+    assert after is not None and after["spec"]["template"] == template
+    data = kube.get("v1", "ConfigMap", kube.namespace, "legal-assistants-epp")["data"]  # type: ignore[index]
+    assert "tax-advisor" in data["adapters.yaml"] and "code-reviewer-xl" not in data["adapters.yaml"]
+
+
+def test_preload_all_registers_adapters_at_start(kube: KubeEnv) -> None:
+    obj = brief_object(kube)
+    obj["spec"]["adapters"]["preloadStrategy"] = "all"
+    kube.put(obj)
+    reconcile(kube)
+    args = vllm_args(kube)
+    start = args.index("--lora-modules")
+    assert args[start + 1 :] == ["legal-assistant-v2=legal-lora", "code-reviewer-xl=code-lora"]
+
+
+def test_s3_sources_get_an_init_container_and_secret_refs_not_values(kube: KubeEnv) -> None:
+    obj = brief_object(kube)
+    obj["spec"]["adapters"]["items"] = [
+        {"name": "legal-assistant-v2", "source": "s3://loras/legal", "secretRef": "aws-creds"},
+        {"name": "code-reviewer-xl", "source": "huggingface/org/code-lora", "secretRef": "hf-token"},
+    ]
+    kube.put(obj)
+    reconcile(kube)
+    deployment = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
+    assert deployment is not None
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"] == ["s3", "cp", "--recursive", "s3://loras/legal", "/adapters/legal-assistant-v2"]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in init["env"]} == {
+        "AWS_ACCESS_KEY_ID": "aws-creds",
+        "AWS_SECRET_ACCESS_KEY": "aws-creds",
+    }
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
+
+
+def test_each_brief_fragment_applied_alone_is_reconciled(kube: KubeEnv) -> None:
+    for index, path in enumerate(sorted((ROOT / "tests" / "fixtures" / "llmis").glob("*.yaml"))):
+        (obj,) = yaml.safe_load_all(path.read_text())
+        obj["metadata"] = {"name": f"fragment-{index}", "namespace": kube.namespace}
+        kube.put(obj)
+        outcome = reconcile(kube, f"fragment-{index}")
+        assert outcome.reason == "Progressing", (path.name, outcome.message)
+
+
+def test_a_bad_spec_is_reported_and_changes_nothing(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    before = owned(kube)
+    obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    assert obj is not None
+    obj["spec"]["adapters"]["items"].append({"name": "No_Such", "source": "ftp://x"})
+    kube.put(obj)
+    outcome = reconcile(kube)
+    assert outcome.reason == "InvalidSpec" and "spec.adapters[2].name" in outcome.message
+    assert owned(kube) == before
+    status = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")["status"]  # type: ignore[index]
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    events = [e for e in kube.list("v1", "Event", kube.namespace) if e["reason"] == "InvalidSpec"]
+    assert len(events) == 1 and events[0]["involvedObject"]["name"] == "legal-assistants"
+    assert events[0]["type"] == "Warning"
+    reconcile(kube)  # the same error again: no second Event
+    assert len([e for e in kube.list("v1", "Event", kube.namespace) if e["reason"] == "InvalidSpec"]) == 1
+
+
+def test_ready_once_model_servers_and_epp_are_ready(kube: KubeEnv) -> None:
+    fake = needs_fake(kube)
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    for name, ready in (("legal-assistants", 6), ("legal-assistants-epp", 1)):
+        deployment = kube.get("apps/v1", "Deployment", kube.namespace, name)
+        assert deployment is not None
+        deployment["status"] = {"replicas": ready, "readyReplicas": ready}
+        fake.put(deployment)
+    outcome = reconcile(kube)
+    assert outcome.ready and outcome.reason == "Available"
+    status = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")["status"]  # type: ignore[index]
+    assert status["readyReplicas"] == 6
+    assert status["conditions"][0]["status"] == "True"
+
+
+def test_every_call_is_granted_by_the_controller_role(kube: KubeEnv) -> None:
+    fake = needs_fake(kube)
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    assert obj is not None
+    obj["spec"]["adapters"]["items"] = [{"name": "x", "source": "/x"}]
+    kube.put(obj)
+    reconcile(kube)
+    obj = copy.deepcopy(obj)
+    obj["spec"]["replicas"] = "bad"
+    kube.put(obj)
+    reconcile(kube)
+    Reconciler(KubeApi(load_api_client(kube.kubeconfig))).reconcile_namespace(kube.namespace)
+    used = {(c.group, c.resource, c.verb) for c in fake.calls}
+    assert {"create", "patch", "delete", "list", "get"} <= {verb for _, _, verb in used}
+    assert used <= granted_by_role(), sorted(used - granted_by_role())
+
+
+def granted_by_role() -> set[tuple[str, str, str]]:
+    (role,) = yaml.safe_load_all((ROOT / "manifests" / "controller" / "role.yaml").read_text())
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_epp_controller_command_reconciles_the_namespace(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "epp",
+            "controller",
+            "--kubeconfig",
+            kube.kubeconfig,
+            "--namespace",
+            kube.namespace,
+            "--once",
+        ],
+        capture_output=True,
+        timeout=30,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert "InferencePool/legal-assistants" in owned(kube)
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {within_s}s")
+
+
+def test_the_running_controller_follows_creates_and_edits_and_stops_on_sigterm(kube: KubeEnv) -> None:
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "epp", "controller", "--kubeconfig", kube.kubeconfig),
+            *("--namespace", kube.namespace, "--resync-period", "2s"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        kube.put(brief_object(kube))
+        _wait_for(lambda: "InferencePool/legal-assistants" in owned(kube), "objects created")
+        obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+        assert obj is not None
+        obj["spec"]["replicas"] = 2
+        kube.put(obj)
+
+        def scaled() -> bool:
+            deployment = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
+            return deployment is not None and deployment["spec"]["replicas"] == 2
+
+        _wait_for(scaled, "scale-out applied")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        if kube.fake is not None:  # every call the running controller made is granted
+            used = {(c.group, c.resource, c.verb) for c in kube.fake.calls}
+            assert ("inference.llm-d.ai", "llminferenceservices", "watch") in used
+            assert used <= granted_by_role(), sorted(used - granted_by_role())
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+        assert process.stderr is not None
+        process.stderr.close()

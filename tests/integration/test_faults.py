@@ -1,0 +1,169 @@
+"""Faults an EPP meets in production, each through the real processes.
+
+- every pod's metrics stale (scrapes refused, or hanging until the scrape timeout): requests
+  are still routed, and the EPP's own metrics show the failures;
+- the EPP restarted while requests flow: FailOpen keeps serving, FailClose refuses cleanly,
+  and both serve again once the EPP is back; no request hangs;
+- shutdown (what SIGTERM triggers) lets an in-flight stream finish within the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import pathlib
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.datastore.types import FailureMode
+from epp.localstack import LocalStack
+from tests.integration.conftest import ADAPTERS, EPP_STACK, Reply, _started, completion
+from tests.integration.test_serve_grpc import (
+    BODY,
+    FakePods,
+    body_message,
+    finish,
+    headers_message,
+    settings,
+    start,
+    write_pool,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def epp_metrics(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    url = f"http://127.0.0.1:{stack.epp_metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+@pytest.fixture
+def hung_metrics_port() -> Iterator[int]:
+    """A port on every loopback address that accepts connections and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen(64)
+        yield sock.getsockname()[1]
+
+
+def refused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("scrape", ["refused", "hung"])
+def test_with_every_pod_stale_requests_are_still_routed(scrape: str, hung_metrics_port: int) -> None:
+    port = hung_metrics_port if scrape == "hung" else refused_port()
+    options = dataclasses.replace(EPP_STACK, extra_serve_args=("--model-server-metrics-port", str(port)))
+    for stack in _started(options):
+        replies = [completion(stack, adapter) for adapter in ADAPTERS]
+        assert [r.status for r in replies] == [200] * len(ADAPTERS)
+        # The scrape timeout is 5 s: wait (bounded) until every pod counts a failed scrape.
+        deadline = time.monotonic() + 20
+        while True:
+            samples = epp_metrics(stack)
+            failures = {
+                dict(labels)["endpoint"]: value
+                for (name, labels), value in samples.items()
+                if name == "inference_extension_endpoint_scrape_consecutive_failures"
+            }
+            if len(failures) == len(stack.pods) and all(v > 0 for v in failures.values()):
+                break
+            assert time.monotonic() < deadline, failures
+            time.sleep(0.2)
+        ages = [
+            v
+            for (name, _), v in samples.items()
+            if name == "inference_extension_endpoint_metrics_age_seconds"
+        ]
+        assert ages == [-1.0] * len(stack.pods)  # never a successful scrape
+        assert completion(stack, ADAPTERS[0]).status == 200
+
+
+RESTART = [
+    dataclasses.replace(EPP_STACK, failure_mode=FailureMode.FAIL_OPEN),
+    dataclasses.replace(EPP_STACK, failure_mode=FailureMode.FAIL_CLOSE),
+]
+
+
+@pytest.mark.parametrize("own_stack", RESTART, indirect=True, ids=["fail-open", "fail-close"])
+def test_an_epp_restart_under_load(own_stack: LocalStack) -> None:
+    stop = threading.Event()
+    replies: list[tuple[float, Reply]] = []
+
+    def load() -> None:
+        index = 0
+        while not stop.is_set() and index < 2000:
+            reply = completion(own_stack, ADAPTERS[index % len(ADAPTERS)])
+            replies.append((time.monotonic(), reply))
+            index += 1
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        workers = [pool.submit(load) for _ in range(4)]
+        time.sleep(1.0)
+        own_stack.restart_epp()
+        back_at = time.monotonic()
+        time.sleep(1.0)
+        stop.set()
+        for worker in workers:
+            worker.result(timeout=60)  # no request hung
+    statuses = [r.status for _, r in replies]
+    assert statuses.count(200) > 0
+    assert all(s == 200 or 500 <= s < 600 for s in statuses), statuses
+    if own_stack.options.failure_mode is FailureMode.FAIL_CLOSE:
+        assert all(r.pod for _, r in replies if r.status == 200)
+        assert not any(r.pod for _, r in replies if r.status != 200)  # refused before any pod
+    after = [r.status for t, r in replies if t > back_at + 0.5]
+    assert after and all(s == 200 for s in after), after
+
+
+async def test_shutdown_lets_an_in_flight_stream_finish(tmp_path: pathlib.Path) -> None:
+    pods = FakePods()
+    await pods.start()
+    try:
+        running = await start(settings(write_pool(tmp_path, pods.port), grace_period_s=5.0))
+        try:
+            await pods.wait_scraped()
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.grpc}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process()
+                await call.write(headers_message())
+                await call.write(body_message(BODY, True))
+                routed = [await call.read(), await call.read()]
+                assert routed[0].HasField("request_headers")
+                running.stop.set()  # what SIGTERM does
+                await asyncio.sleep(0.3)
+                status = base_pb2.HeaderValue(key=":status", raw_value=b"200")
+                response = pb.ProcessingRequest(
+                    response_headers=pb.HttpHeaders(
+                        headers=base_pb2.HeaderMap(headers=[status]), end_of_stream=True
+                    )
+                )
+                await call.write(response)
+                reply = await asyncio.wait_for(call.read(), 5)
+                assert reply.HasField("response_headers")
+                await call.done_writing()
+                assert await call.code() == grpc.StatusCode.OK
+            await asyncio.wait_for(running.task, 20)
+        finally:
+            if not running.task.done():
+                await finish(running)
+    finally:
+        await pods.stop()

@@ -1,0 +1,133 @@
+"""`epp envoy-config` as a user runs it: flags and a pool file in, a bootstrap out."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+
+from epp.cli import main
+
+POOL = """\
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata:
+  name: p
+spec:
+  selector:
+    matchLabels: {app: vllm}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef:
+    name: p-epp
+    port: {number: 9002}
+    failureMode: FailOpen
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, labels: {app: vllm}}
+status: {podIP: 10.1.0.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, labels: {app: vllm}}
+status:
+  podIP: 10.1.0.2
+  conditions: [{type: Ready, status: "False"}]
+"""
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["envoy-config", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _ext_proc(bootstrap: dict[str, object]) -> dict[str, object]:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]  # type: ignore[index]
+    config: dict[str, object] = hcm["http_filters"][1]["typed_config"]
+    return config
+
+
+def _cluster(bootstrap: dict[str, object], name: str) -> dict[str, object]:
+    clusters = bootstrap["static_resources"]["clusters"]  # type: ignore[index]
+    found: dict[str, object] = next(c for c in clusters if c["name"] == name)
+    return found
+
+
+def test_pool_file_sets_fail_open_and_the_fallback_pods(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    code, out, _ = _run(["--pool-file", str(pool), "--epp-address", "10.2.0.1:9002"], capsys)
+    assert code == 0
+    bootstrap = yaml.safe_load(out)
+    assert _ext_proc(bootstrap)["failure_mode_allow"] is True
+    fallback = _cluster(bootstrap, "pool")
+    lb_endpoints = fallback["load_assignment"]["endpoints"][0]["lb_endpoints"]  # type: ignore[index]
+    # Only the Ready pod is a fallback target.
+    assert [e["endpoint"]["address"]["socket_address"] for e in lb_endpoints] == [
+        {"address": "10.1.0.1", "port_value": 8000}
+    ]
+    epp = _cluster(bootstrap, "epp")
+    epp_address = epp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]  # type: ignore[index]
+    assert epp_address["socket_address"] == {"address": "10.2.0.1", "port_value": 9002}
+
+
+def test_flags_override_the_pool_file(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    out_file = tmp_path / "envoy.yaml"
+    code, out, _ = _run(
+        ["--pool-file", str(pool), "--failure-mode", "FailClose", "--body-mode", "BUFFERED",
+         "--epp-tls=false", "--output", str(out_file)],
+        capsys,
+    )  # fmt: skip
+    assert (code, out) == (0, "")
+    bootstrap = yaml.safe_load(out_file.read_text())
+    ext_proc = _ext_proc(bootstrap)
+    assert ext_proc["failure_mode_allow"] is False
+    assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"  # type: ignore[index]
+    sockets = [m["transport_socket"]["name"] for m in _cluster(bootstrap, "epp")["transport_socket_matches"]]  # type: ignore[attr-defined]
+    assert sockets == ["envoy.transport_sockets.raw_buffer", "envoy.transport_sockets.raw_buffer"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--failure-mode", "FailOpen"], "needs the pool's pod endpoints"),
+        (
+            ["--upstream", "original-dst", "--failure-mode", "FailOpen"],
+            "FailOpen needs the pool's pod endpoints",
+        ),
+        (["--mode", "round-robin"], "needs the pool's pod endpoints"),
+        (["--epp-address", "nohost"], "expected HOST:PORT"),
+        (["--failure-mode", "FailOpen", "--pool-endpoint", "10.0.0.1:99999"], "port out of range"),
+        (["--pool-file", "/nonexistent/pool.yaml"], "cannot read pool file"),
+    ],
+    ids=[
+        "no-pods",
+        "original-dst-fail-open-no-pods",
+        "round-robin-no-pods",
+        "bad-epp-address",
+        "bad-pool-endpoint",
+        "missing-pool-file",
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(argv, capsys)
+    assert code == 2
+    assert out == ""
+    assert message in err
+
+
+def test_bad_pool_file_is_a_clear_error(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("kind: InferencePool\n")
+    code, out, err = _run(["--pool-file", str(pool)], capsys)
+    assert code == 2
+    assert out == ""
+    assert str(pool) in err
