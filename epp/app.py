@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from aiohttp import web
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from epp import config
 from epp.clock import Clock, SystemClock
@@ -33,9 +33,14 @@ from epp.director import Director
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, ListenError, build_ext_proc_server, server_credentials
 from epp.extproc.stream import StreamRecord, StreamSettings
+from epp.observability import tracing
+from epp.observability.auth import bearer_auth_middleware, read_token_file
+from epp.observability.decisions import DecisionLog, decisions_route
 from epp.observability.health import Health, build_health_server
 from epp.observability.http import build_app, start_http
 from epp.observability.logging import configure_logging
+from epp.observability.metrics import EppMetrics, PoolCollector
+from epp.observability.observer import Observer
 
 if TYPE_CHECKING:
     from epp.sources.leader import LeaderElector
@@ -58,9 +63,12 @@ class BoundPorts:
 
 @dataclass(slots=True)
 class Extensions:
-    """Hooks other parts plug in without editing this module: metrics and decision-log routes."""
+    """Hooks other parts plug in without editing this module: metrics and decision-log routes.
 
-    registry: CollectorRegistry = REGISTRY
+    `registry` None: a fresh registry per `serve` (the EPP's metrics plus process/platform/GC).
+    """
+
+    registry: CollectorRegistry | None = None
     extra_routes: tuple[web.RouteDef, ...] = ()
     on_finished: Callable[[StreamRecord], None] | None = None
 
@@ -127,8 +135,20 @@ async def _serve(
     on_started: Callable[[BoundPorts], None] | None,
     extensions: Extensions,
 ) -> None:
+    metrics_token = (
+        read_token_file(settings.metrics_auth_token_file) if settings.metrics_auth_token_file else None
+    )
     datastore = Datastore(clock)
-    director = _build_director(settings, datastore, clock)
+    registry = extensions.registry if extensions.registry is not None else _default_registry()
+    registry.register(PoolCollector(datastore, clock))
+    provider = tracing.build_tracer_provider() if settings.tracing else None
+    observer = Observer(
+        EppMetrics(registry),
+        DecisionLog(settings.decision_log_size),
+        clock,
+        tracer=tracing.decision_tracer(provider),
+    )
+    director = _build_director(settings, datastore, clock, observer)
     source, synced = _build_source(settings, datastore, clock)
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
@@ -142,7 +162,9 @@ async def _serve(
             max_request_body_bytes=settings.max_request_body_bytes,
             max_header_bytes=settings.max_header_bytes,
         ),
-        on_finished=extensions.on_finished,
+        on_finished=_both(observer.on_finished, extensions.on_finished),
+        upstream_headers=observer.trace_headers,
+        clock=clock,
     )
     credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
     ext_server, grpc_port = build_ext_proc_server(
@@ -156,8 +178,12 @@ async def _serve(
         health, host=settings.host, port=settings.grpc_health_port
     )
     http_app = build_app(
-        extensions.registry, ready=lambda: health.ready, extra_routes=extensions.extra_routes
+        registry,
+        ready=lambda: health.ready,
+        extra_routes=(decisions_route(observer.decisions), *extensions.extra_routes),
     )
+    if metrics_token is not None:
+        http_app.middlewares.append(bearer_auth_middleware(metrics_token))
     runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
     servers_started: list[grpc.aio.Server] = []
     try:
@@ -187,7 +213,29 @@ async def _serve(
         if health_server in servers_started:
             await health_server.stop(0)
         await runner.cleanup()
+        if provider is not None:
+            await asyncio.to_thread(provider.shutdown)  # flushes queued spans off the loop
         log.info("epp stopped")
+
+
+def _default_registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return registry
+
+
+def _both(
+    first: Callable[[StreamRecord], None], second: Callable[[StreamRecord], None] | None
+) -> Callable[[StreamRecord], None]:
+    if second is None:
+        return first
+
+    def call(record: StreamRecord) -> None:
+        first(record)
+        second(record)
+
+    return call
 
 
 async def _run_tasks(
@@ -246,7 +294,9 @@ def _signals_set(stop: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
-def _build_director(settings: ServeSettings, datastore: Datastore, clock: Clock) -> Director:
+def _build_director(
+    settings: ServeSettings, datastore: Datastore, clock: Clock, observer: Observer
+) -> Director:
     from epp.admission import build_admission
     from epp.scheduling.build import build_scheduler
 
@@ -260,7 +310,11 @@ def _build_director(settings: ServeSettings, datastore: Datastore, clock: Clock)
         settings.picker_config_text, staleness_threshold_s=settings.metrics_staleness_threshold_s
     )
     return Director(
-        datastore, scheduler, admit=admission.admit, clock=clock, rng=random.Random(settings.seed)
+        datastore,
+        observer.observe_scheduler(scheduler),
+        admit=observer.observe_admit(admission.admit),
+        clock=clock,
+        rng=random.Random(settings.seed),
     )
 
 

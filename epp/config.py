@@ -53,6 +53,9 @@ class ServeSettings:
     verbosity: int = 2
     log_format: str = "json"
     seed: int | None = None
+    tracing: bool = False  # --tracing, or OTEL_EXPORTER_OTLP_ENDPOINT set
+    metrics_auth_token_file: pathlib.Path | None = None
+    decision_log_size: int = 256
 
     @property
     def lease_name(self) -> str:
@@ -220,6 +223,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="skip certificate verification when scraping over https",
     )
 
+    obs = parser.add_argument_group("observability")
+    add_bool_flag(
+        parser,
+        "--tracing",
+        default=False,
+        help="export a span per routing decision over OTLP (also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+    )
+    obs.add_argument(
+        "--metrics-auth-token-file",
+        type=pathlib.Path,
+        default=None,
+        help="require `Authorization: Bearer <token>` on the metrics port (token read from this file)",
+    )
+    obs.add_argument(
+        "--decision-log-size",
+        type=_positive_int,
+        default=256,
+        help="decisions kept for GET /debug/decisions on the metrics port (default 256)",
+    )
+
     logs = parser.add_argument_group("logging")
     logs.add_argument(
         "--v", type=int, default=2, dest="v", help="verbosity: 2 info (default), 3 verbose, 4 debug, 5 trace"
@@ -242,6 +265,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
             config_text = args.config_file.read_text()
         except OSError as err:
             raise ConfigError(f"--config-file {args.config_file}: {err.strerror}") from err
+    if args.decision_log_size > 100_000:
+        raise ConfigError("--decision-log-size must be at most 100000")
     if config_text is not None and args.policy is not None:
         raise ConfigError("--policy cannot be combined with --config-file/--config-text")
     return ServeSettings(
@@ -272,4 +297,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         verbosity=args.v,
         log_format=args.log_format,
         seed=args.seed,
+        tracing=args.tracing or bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()),
+        metrics_auth_token_file=args.metrics_auth_token_file,
+        decision_log_size=args.decision_log_size,
     )

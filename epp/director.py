@@ -236,7 +236,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400."""
     try:
         payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
         raise EppError(ErrorCode.BAD_REQUEST, "Error unmarshaling request body", reason="bad-json") from err
     if not isinstance(payload, dict):
         raise EppError(ErrorCode.BAD_REQUEST, "Error unmarshaling request body", reason="bad-json")

@@ -3,6 +3,11 @@
 Upstream v1: the pool is saturated when **no** candidate has fresh metrics with waiting
 queue ≤ 5 and KV usage ≤ 0.8 (zero candidates = saturated). We add a higher "overload"
 level with its own (looser) thresholds, at which Standard traffic is shed too.
+
+Missing or stale metrics are not evidence of overload: before the first scrape, or with a
+wrong metrics port, the pool is at most SATURATED (only Sheddable traffic is shed, as
+upstream). OVERLOADED needs every candidate to report fresh metrics above the overload
+thresholds.
 """
 
 from __future__ import annotations
@@ -37,12 +42,16 @@ class SaturationDetector:
             raise ValueError("staleness_threshold_s must be positive")
 
     def level(self, candidates: Sequence[EndpointState], now: float) -> SaturationLevel:
-        """OK if some fresh pod is under the saturation thresholds; SATURATED if some fresh pod
-        is under the overload thresholds; else OVERLOADED (also for no or only stale pods)."""
+        """OK if some fresh pod is under the saturation thresholds; OVERLOADED only if every pod
+        is fresh and over the overload thresholds; else SATURATED (also for no pods, or when
+        some pod's metrics are missing or stale)."""
+        if not candidates:
+            return SaturationLevel.SATURATED
         level = SaturationLevel.OVERLOADED
         for c in candidates:
             m = c.metrics
             if m is None or not c.is_fresh(now, self.staleness_threshold_s):
+                level = SaturationLevel.SATURATED  # unknown is not evidence of overload
                 continue
             if (
                 m.waiting_requests <= self.queue_depth_threshold

@@ -1,7 +1,8 @@
 """Admission: shed by criticality and priority when the pool is saturated.
 
 Order is fixed: Sheddable (criticality Sheddable, or objective priority < 0) goes first,
-at SATURATED; Standard only at OVERLOADED (when `shed_standard` is on); Critical never.
+at SATURATED; Standard only at OVERLOADED (when `shed_standard` is on), which needs fresh
+metrics showing overload on every candidate; Critical never.
 A shed request gets 429 with a reason; nothing else changes.
 """
 

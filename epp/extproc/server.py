@@ -14,13 +14,21 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2_grpc
 
 from epp import tls
+from epp.clock import Clock
 from epp.director import Director
 from epp.errors import ConfigError
 from epp.extproc import wire
-from epp.extproc.stream import ProtocolError, StreamHandler, StreamRecord, StreamSettings
+from epp.extproc.stream import (
+    ProtocolError,
+    StreamHandler,
+    StreamRecord,
+    StreamSettings,
+    UpstreamHeadersFn,
+)
 from epp.observability.logging import bound_request_id
 
 log = logging.getLogger(__name__)
@@ -45,19 +53,29 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         settings: StreamSettings,
         *,
         on_finished: Callable[[StreamRecord], None] | None = None,
+        upstream_headers: UpstreamHeadersFn | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._director = director
         self._settings = settings
         self._on_finished = on_finished
+        self._upstream_headers = upstream_headers
+        self._clock = clock
 
     async def Process(  # the gRPC method name
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        handler = StreamHandler(self._director, self._settings, on_finished=self._on_finished)
+        handler = StreamHandler(
+            self._director,
+            self._settings,
+            on_finished=self._on_finished,
+            upstream_headers=self._upstream_headers,
+            clock=self._clock,
+        )
         try:
-            async for message in request_iterator:
+            async for message in _decoded(request_iterator, context):
                 with bound_request_id(handler.request_id or "-"):
                     try:
                         replies = handler.handle(message)
@@ -75,6 +93,19 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         finally:
             with bound_request_id(handler.request_id or "-"):
                 handler.close()
+
+
+async def _decoded(
+    request_iterator: AsyncIterator[pb.ProcessingRequest],
+    context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+) -> AsyncIterator[pb.ProcessingRequest]:
+    """The stream's messages; one that is not a valid ProcessingRequest ends it with INVALID_ARGUMENT."""
+    try:
+        async for message in request_iterator:
+            yield message
+    except DecodeError:
+        log.warning("malformed ext_proc message")
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ext_proc message")
 
 
 class CertReloader:

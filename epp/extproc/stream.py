@@ -15,12 +15,13 @@ import enum
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.clock import Clock
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages, wire
@@ -75,6 +76,11 @@ class StreamRecord:
     usage: Usage | None
     request_body_bytes: int
     response_body_bytes: int
+    first_response_body_at_s: float | None = None  # Clock time of the first response body byte
+
+
+# request id -> extra headers for the upstream request (e.g. `traceparent` of the decision span)
+UpstreamHeadersFn = Callable[[str], Sequence[tuple[str, str]]]
 
 
 class ProtocolError(Exception):
@@ -90,10 +96,15 @@ class StreamHandler:
         settings: StreamSettings,
         *,
         on_finished: Callable[[StreamRecord], None] | None = None,
+        upstream_headers: UpstreamHeadersFn | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._director = director
         self._settings = settings
         self._on_finished = on_finished
+        self._upstream_headers = upstream_headers
+        self._clock = clock  # only to time the first response byte (TTFT); None: not timed
+        self._first_response_body_at_s: float | None = None
         self._mode: BodyMode | None = None
         self._response_mode: BodyMode | None = None
         self.request_id = ""
@@ -153,6 +164,7 @@ class StreamHandler:
                     usage=self._usage,
                     request_body_bytes=len(self._body),
                     response_body_bytes=self._response_bytes,
+                    first_response_body_at_s=self._first_response_body_at_s,
                 )
             )
 
@@ -274,7 +286,7 @@ class StreamHandler:
     def _route_headers_only(self) -> pb.ProcessingResponse:
         decision = self._route(None)
         return messages.request_headers_reply(
-            set_headers=messages.routing_headers(decision.destination, None, self._request_id_headers()),
+            set_headers=messages.routing_headers(decision.destination, None, self._routed_headers()),
             remove_headers=self._strip,
             destination=decision.destination,
         )
@@ -283,7 +295,7 @@ class StreamHandler:
         decision = self._route(bytes(self._body))
         headers = messages.request_headers_reply(
             set_headers=messages.routing_headers(
-                decision.destination, len(decision.body), self._request_id_headers()
+                decision.destination, len(decision.body), self._routed_headers()
             ),
             remove_headers=self._strip,
             destination=decision.destination,
@@ -293,8 +305,14 @@ class StreamHandler:
     def _route_buffered(self) -> pb.ProcessingResponse:
         decision = self._route(bytes(self._body))
         return messages.buffered_request_body_reply(
-            decision.body, decision.destination, self._request_id_headers()
+            decision.body, decision.destination, self._routed_headers()
         )
+
+    def _routed_headers(self) -> list[tuple[str, str]]:
+        headers = self._request_id_headers()
+        if self._upstream_headers is not None:
+            headers.extend(self._upstream_headers(self.request_id))
+        return headers
 
     def _request_id_headers(self) -> list[tuple[str, str]]:
         return [(wire.REQUEST_ID_HEADER, self.request_id)] if self._generated_request_id else []
@@ -318,6 +336,8 @@ class StreamHandler:
         return self.mode
 
     def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if body.body and self._first_response_body_at_s is None and self._clock is not None:
+            self._first_response_body_at_s = self._clock.now()
         self._response_bytes += len(body.body)
         if self._response_body_mode() is not BodyMode.FULL_DUPLEX_STREAMED:
             self._read_usage(body.body, end=body.end_of_stream)
@@ -409,7 +429,7 @@ def parse_json_usage(body: bytes) -> Usage | None:
     """`usage` of a non-streaming OpenAI response; None when absent or not JSON."""
     try:
         return _usage_from(json.loads(body))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: not a usage body
         return None
 
 

@@ -13,6 +13,7 @@ import pathlib
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from epp.errors import ConfigError
 
@@ -33,7 +34,7 @@ def read_token_file(path: pathlib.Path) -> str:
     return token
 
 
-def bearer_auth_middleware(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def bearer_auth_middleware(token: str) -> Middleware:
     expected = f"Bearer {token}".encode()
 
     @web.middleware

@@ -20,6 +20,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from epp.errors import ConfigError
+
 SERVICE_NAME = "lora-epp"
 TRACER_NAME = "epp"
 DECISION_SPAN = "epp.decision"
@@ -39,11 +41,22 @@ def build_tracer_provider(
     """A provider exporting in batches to `exporter` (default: OTLP/gRPC from the environment)."""
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if exporter is None:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
+        exporter = _otlp_exporter()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def _otlp_exporter() -> SpanExporter:
+    """The OTLP/gRPC exporter; a broken install (e.g. `opentelemetry-proto` files overwritten by an
+    older copy another package ships) is a ConfigError at start-up, not a crash mid-request."""
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as err:
+        raise ConfigError(
+            f"--tracing: the OTLP exporter cannot be loaded ({err}); "
+            "reinstall opentelemetry-proto after xds-protos"
+        ) from err
+    return OTLPSpanExporter()
 
 
 def decision_tracer(provider: TracerProvider | None) -> Tracer:

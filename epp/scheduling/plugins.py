@@ -65,7 +65,9 @@ def _adapter_affinity(name: str, p: Params, state: SchedulerState) -> Plugin:
         widen_slot=p.number("widenSlotScore", defaults.widen_slot, minimum=0, maximum=1),
         evict=p.number("evictScore", defaults.evict, minimum=0, maximum=1),
         saturated_home=p.number("saturatedHomeScore", defaults.saturated_home, minimum=0, maximum=1),
+        draining_home=p.number("drainingHomeScore", defaults.draining_home, minimum=0, maximum=1),
         spill_queue_threshold=p.number("spillQueueThreshold", defaults.spill_queue_threshold, minimum=0),
+        spill_load_ratio=p.number("spillLoadRatio", defaults.spill_load_ratio, minimum=0),
         home_spread=p.number("homeSpread", defaults.home_spread, minimum=0),
         protect_ratio=p.number("protectRatio", defaults.protect_ratio, minimum=0),
     )
@@ -91,7 +93,7 @@ def _load(name: str, p: Params, state: SchedulerState) -> Plugin:
     return LoadScorer(
         name=name,
         queue_scale=p.number("queueScale", 8.0, minimum=1e-9),
-        running_weight=p.number("runningWeight", 0.25, minimum=0),
+        running_weight=p.number("runningWeight", 1.0, minimum=0),
     )
 
 

@@ -49,6 +49,8 @@ class PodResidency:
     cpu: OrderedDict[str, None] = field(default_factory=OrderedDict)
     last_scrape_at: float | None = None
     observed_active: frozenset[str] = frozenset()
+    # Adapters we sent while every slot was busy, oldest first: they wait for a slot.
+    waiters: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def free_slots(self) -> int:
         return max(0, self.slots - len(self.gpu))
@@ -119,8 +121,11 @@ class ResidencyModel:
     def on_routed(self, endpoint: str, adapter: str) -> None:
         """`adapter` was just sent to `endpoint`: make it MRU there, evicting an idle LRU if full."""
         pod = self._pod_for(endpoint)
+        was_resident = adapter in pod.gpu
         self._touch(endpoint, pod, adapter)
         self._trim(endpoint, pod, keep=adapter)
+        if not was_resident and len(pod.gpu) > pod.slots:
+            pod.waiters[adapter] = None
 
     def on_completed(self, endpoint: str) -> None:
         """A request on `endpoint` finished: slots it held may be evicted again, so re-trim."""
@@ -134,6 +139,25 @@ class ResidencyModel:
             if self._evictable(endpoint, pod, adapter):
                 return adapter
         return None
+
+    def drain_target(self, endpoint: str, pod: PodResidency, *, deferred: int = 0) -> str | None:
+        """On a pod where a request waits for a slot, the adapter to stop feeding; else None.
+
+        The slot-holding adapter with the fewest requests in flight (LRU first on ties):
+        routing its new requests elsewhere lets it finish soonest and free its slot for the
+        waiting adapter, while the pod's other adapters keep their traffic.
+        """
+        if len(pod.gpu) <= pod.slots and deferred <= 0:
+            return None
+        best: str | None = None
+        best_count = 0
+        for adapter in pod.gpu:
+            if adapter in pod.waiters:
+                continue
+            count = self._inflight.adapter_count(endpoint, adapter)
+            if best is None or count < best_count:
+                best, best_count = adapter, count
+        return best
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop every pod not in `keep` (endpoints that left the pool)."""
@@ -157,19 +181,24 @@ class ResidencyModel:
                 None,
             )
             if victim is None:
-                return  # every slot is busy: vLLM defers the new adapter; so do we
+                break  # every slot is busy: vLLM defers the new adapter; so do we
             del pod.gpu[victim]
+            if pod.waiters:
+                pod.waiters.popitem(last=False)  # the oldest waiter takes the freed slot
             self._drop_home(victim, endpoint)
             pod.cpu[victim] = None
             pod.cpu.move_to_end(victim)
             while len(pod.cpu) > pod.cpu_slots:
                 pod.cpu.popitem(last=False)
+        if pod.waiters and len(pod.gpu) <= pod.slots:
+            pod.waiters.clear()
 
     def _clear(self, endpoint: str, pod: PodResidency) -> None:
         for adapter in pod.gpu:
             self._drop_home(adapter, endpoint)
         pod.gpu.clear()
         pod.cpu.clear()
+        pod.waiters.clear()
 
     def _drop_home(self, adapter: str, endpoint: str) -> None:
         homes = self._homes.get(adapter)

@@ -7,11 +7,18 @@ Tiers for a request naming adapter A, per pod:
   while A has fewer homes than its traffic share asks for.
 - Full: loading A evicts the LRU idle adapter V: up to `evict` (0.2), higher the colder V
   is; 0 when V is a much hotter adapter's only home, or when every slot is busy (A would wait).
-A home (active or resident) whose effective queue exceeds the pool's least by
-`spillQueueThreshold` is a hotspot: it scores `saturatedHome` (0.4), below a free slot, so
+A home (active or resident) whose load (waiting + running + routed since the scrape)
+exceeds the candidates' least by more than `spillQueueThreshold` + `spillLoadRatio` × that
+least is a hotspot: it scores `saturatedHome` (0.4), below a free slot, so
 traffic spills to a new home while popular adapters widen their home sets
 (desired homes = ⌈traffic share × pods × `homeSpread`⌉, at least 1). Rare adapters keep
 one home and land where eviction hurts least. Base-model requests need no slot: 1.0.
+
+Starvation guard: on a pod where some request waits for a LoRA slot (the scrape reports
+deferred requests, or we sent it more busy adapters than it has slots), the slot holder
+with the fewest requests in flight is drained: as a home it scores `drainingHome` (0.05),
+below any pod that could take the request now, so it finishes and the waiting adapter
+gets its slot. Without this a rare adapter behind four busy hot ones waits for ever.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from dataclasses import dataclass
 
 from epp.datastore.types import EndpointState
 from epp.scheduling.framework import ScheduleContext, is_base_model
-from epp.scheduling.scorers.load_signals import effective_queues
+from epp.scheduling.scorers.load_signals import effective_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +41,9 @@ class AdapterAffinityScorer:
     widen_slot: float = 0.8
     evict: float = 0.2
     saturated_home: float = 0.4
-    spill_queue_threshold: float = 4.0
+    draining_home: float = 0.05
+    spill_queue_threshold: float = 8.0  # requests
+    spill_load_ratio: float = 0.5  # and this share of the least-loaded candidate's load
     home_spread: float = 1.0
     cpu_tier_bonus: float = 0.02
     protect_ratio: float = 2.0  # a sole home is protected from adapters this many times colder
@@ -52,8 +61,9 @@ class AdapterAffinityScorer:
         inflight = state.inflight
         residency = state.residency
         popularity = state.popularity
-        queues = effective_queues(ctx, endpoints)
-        spill_above = min(queues) + self.spill_queue_threshold
+        loads = effective_loads(ctx, endpoints)
+        least = min(loads)
+        spill_above = least + self.spill_queue_threshold + self.spill_load_ratio * least
         homes = residency.homes(adapter)
         share = popularity.share(adapter, now)
         desired_homes = max(1, math.ceil(share * n * self.home_spread))
@@ -77,7 +87,11 @@ class AdapterAffinityScorer:
             # an adapter with requests in flight is never evicted: so homes ⊇ active pods.
             if name in homes and pod is not None:
                 is_active = adapter in pod.observed_active or inflight.adapter_count(name, adapter) > 0
-                if queues[i] > spill_above:
+                deferred = m.deferred_requests if m is not None else 0
+                if adapter == residency.drain_target(name, pod, deferred=deferred):
+                    out.append(self.draining_home)
+                    reasons[name] = "draining-home"
+                elif loads[i] > spill_above:
                     out.append(self.saturated_home)
                     reasons[name] = "saturated-home"
                 elif is_active:

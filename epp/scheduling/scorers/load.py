@@ -1,8 +1,11 @@
-"""`load-scorer`: prefer pods with little queued work, counting what we sent since the last scrape.
+"""`load-scorer`: prefer pods with less outstanding work than the other candidates.
 
-score = 1 / (1 + load / queueScale), load = waiting + routed-since-scrape + runningWeight · running.
-Absolute rather than normalised over candidates, so a one-request difference between two
-idle pods does not outweigh adapter affinity.
+load = waiting + routed-since-scrape + runningWeight · running (see `load_signals`), and
+score = (min load + queueScale) / (load + queueScale) over the candidates: the least
+loaded pod scores 1, a pod with twice its load (plus `queueScale`) scores 0.5. Relative,
+so five busy pods and an idle one differ however busy the pool is; softened by
+`queueScale`, so a one-request difference between two idle pods does not outweigh
+adapter affinity.
 """
 
 from __future__ import annotations
@@ -18,16 +21,17 @@ from epp.scheduling.scorers.load_signals import effective_queues
 @dataclass(frozen=True, slots=True)
 class LoadScorer:
     name: str = "load-scorer"
-    queue_scale: float = 8.0  # load at which the score is 0.5
-    running_weight: float = 0.25
+    queue_scale: float = 8.0  # softening, in requests
+    running_weight: float = 1.0  # a running request's weight relative to a waiting one
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        if not endpoints:
+            return []
         queues = effective_queues(ctx, endpoints)
-        scale = self.queue_scale
         rw = self.running_weight
-        out: list[float] = []
-        for e, q in zip(endpoints, queues, strict=True):
-            m = e.metrics
-            load = q + (rw * m.running_requests if m is not None else 0.0)
-            out.append(1.0 / (1.0 + load / scale))
-        return out
+        loads = [
+            q + (rw * e.metrics.running_requests if e.metrics is not None else 0.0)
+            for e, q in zip(endpoints, queues, strict=True)
+        ]
+        floor = min(loads) + self.queue_scale
+        return [floor / (load + self.queue_scale) for load in loads]

@@ -28,6 +28,11 @@ def _pool(level: str) -> list[EndpointState]:
             endpoint_state(1, updated_at=NOW, kv=0.99),
         ],
         "stale-only": [endpoint_state(0, updated_at=NOW - 10.0)],
+        "never-scraped": [endpoint_state(0, updated_at=None), endpoint_state(1, updated_at=None)],
+        "overloaded-and-stale": [
+            endpoint_state(0, updated_at=NOW, waiting=40),
+            endpoint_state(1, updated_at=NOW - 10.0, waiting=40),
+        ],
         "empty": [],
     }
     return pods[level]
@@ -50,7 +55,14 @@ CASES = [
     ("overloaded", Criticality.CRITICAL, 0, False),
     ("overloaded", Criticality.SHEDDABLE, 0, True),
     ("stale-only", Criticality.SHEDDABLE, 0, True),
-    ("empty", Criticality.STANDARD, 0, True),
+    # Missing or stale metrics are no evidence of overload: only Sheddable is shed.
+    ("stale-only", Criticality.STANDARD, 0, False),
+    ("never-scraped", Criticality.STANDARD, 0, False),
+    ("never-scraped", Criticality.SHEDDABLE, 0, True),
+    ("overloaded-and-stale", Criticality.STANDARD, 0, False),
+    ("overloaded-and-stale", Criticality.SHEDDABLE, 0, True),
+    ("empty", Criticality.STANDARD, 0, False),
+    ("empty", Criticality.SHEDDABLE, 0, True),
     ("empty", Criticality.CRITICAL, 5, False),
 ]
 
@@ -105,9 +117,7 @@ saturationDetector: {pluginRef: utilization-detector}
     assert admission.detector.queue_depth_threshold == 20
     assert admission.detector.staleness_threshold_s == pytest.approx(0.2)
     assert admission.detector.level(_pool("saturated"), NOW) is SaturationLevel.OK
-    assert (
-        admission.detector.level([endpoint_state(0, updated_at=NOW - 0.5)], NOW) is SaturationLevel.OVERLOADED
-    )
+    assert admission.detector.level([endpoint_state(0, updated_at=NOW - 0.5)], NOW) is SaturationLevel.SATURATED
     admission.admit(_request(Criticality.STANDARD), _pool("overloaded"), snapshot_of([], NOW), NOW)
 
 
