@@ -26,6 +26,8 @@ from aiohttp import web
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from epp import config
+from epp.adapters.catalog import FileCatalog
+from epp.adapters.loader import AdapterLoader
 from epp.clock import Clock, SystemClock
 from epp.config import ServeSettings
 from epp.datastore.store import Datastore
@@ -153,6 +155,8 @@ async def _serve(
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
 
+    loader = _build_loader(settings, clock)
+
     health = Health(leader_election=elector is not None)
     await health.start()
     processor = ExternalProcessor(
@@ -165,6 +169,7 @@ async def _serve(
         on_finished=_both(observer.on_finished, extensions.on_finished),
         upstream_headers=observer.trace_headers,
         clock=clock,
+        loader=loader,
     )
     credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
     ext_server, grpc_port = build_ext_proc_server(
@@ -213,6 +218,8 @@ async def _serve(
         if health_server in servers_started:
             await health_server.stop(0)
         await runner.cleanup()
+        if loader is not None:
+            await loader.close()
         if provider is not None:
             await asyncio.to_thread(provider.shutdown)  # flushes queued spans off the loop
         log.info("epp stopped")
@@ -292,6 +299,15 @@ def _signals_set(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+def _build_loader(settings: ServeSettings, clock: Clock) -> AdapterLoader | None:
+    """The on-demand adapter loader, when an adapter catalogue is configured."""
+    if settings.adapter_catalog is None:
+        return None
+    catalog = FileCatalog(settings.adapter_catalog)
+    catalog.current()  # a bad or missing catalogue is a start-up error (ConfigError)
+    return AdapterLoader(catalog.current, clock=clock)
 
 
 def _build_director(

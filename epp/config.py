@@ -30,6 +30,7 @@ class ServeSettings:
     pool_namespace: str
     pool_group: str = DEFAULT_POOL_GROUP
     pool_file: pathlib.Path | None = None
+    adapter_catalog: pathlib.Path | None = None  # on-demand adapter loading (LLMInferenceService)
     kubeconfig: str | None = None
     host: str = "0.0.0.0"
     grpc_port: int = 9002
@@ -154,6 +155,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"larger request bodies get 400 (default {wire.DEFAULT_MAX_REQUEST_BODY_BYTES})",
     )
     net.add_argument(
+        "--adapter-catalog",
+        type=pathlib.Path,
+        default=None,
+        metavar="FILE",
+        help="adapter catalogue (name -> lora_path, as `epp controller` writes it): a request for a "
+        "catalogue adapter that its picked pod has not registered is held until the pod loads it "
+        "through vLLM's /v1/load_lora_adapter (default: off)",
+    )
+    net.add_argument(
         "--max-header-bytes",
         type=_positive_int,
         default=wire.DEFAULT_MAX_HEADER_BYTES,
@@ -274,6 +284,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         pool_namespace=args.pool_namespace or env.get("NAMESPACE", "") or "default",
         pool_group=args.pool_group,
         pool_file=args.pool_file,
+        adapter_catalog=args.adapter_catalog,
         kubeconfig=args.kubeconfig,
         host=args.host,
         grpc_port=args.grpc_port,

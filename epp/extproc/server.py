@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2_grpc
 
 from epp import tls
+from epp.adapters.loader import AdapterLoader
 from epp.clock import Clock
 from epp.director import Director
 from epp.errors import ConfigError
@@ -55,9 +56,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         on_finished: Callable[[StreamRecord], None] | None = None,
         upstream_headers: UpstreamHeadersFn | None = None,
         clock: Clock | None = None,
+        loader: AdapterLoader | None = None,
     ) -> None:
         self._director = director
         self._settings = settings
+        self._loader = loader
         self._on_finished = on_finished
         self._upstream_headers = upstream_headers
         self._clock = clock
@@ -73,11 +76,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             on_finished=self._on_finished,
             upstream_headers=self._upstream_headers,
             clock=self._clock,
+            loader=self._loader,
         )
         try:
             async for message in _decoded(request_iterator, context):
                 with bound_request_id(handler.request_id or "-"):
                     try:
+                        await handler.prepare(message)
                         replies = handler.handle(message)
                     except ProtocolError as err:
                         log.warning("ext_proc protocol error", extra={"error": str(err)})

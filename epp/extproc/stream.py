@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.adapters.hold import hold_for_adapter
+from epp.adapters.loader import AdapterLoader
 from epp.clock import Clock
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, ErrorCode
@@ -98,9 +100,15 @@ class StreamHandler:
         on_finished: Callable[[StreamRecord], None] | None = None,
         upstream_headers: UpstreamHeadersFn | None = None,
         clock: Clock | None = None,
+        loader: AdapterLoader | None = None,
     ) -> None:
         self._director = director
         self._settings = settings
+        # On-demand adapter loading: when set, `prepare` picks ahead of `handle` and holds the
+        # stream (only this one) until the picked pod has the request's adapter.
+        self._loader = loader
+        self._prepared: RoutingDecision | None = None
+        self._prepared_error: EppError | None = None
         self._on_finished = on_finished
         self._upstream_headers = upstream_headers
         self._clock = clock  # only to time the first response byte (TTFT); None: not timed
@@ -140,6 +148,36 @@ class StreamHandler:
             return self._dispatch(message)
         except EppError as err:
             return [self._fail(err)]
+
+    async def prepare(self, message: pb.ProcessingRequest) -> None:
+        """Pick ahead of `handle` when `message` completes the request and an adapter may need loading.
+
+        The pick (or its error) is kept for `handle`, which then answers without picking again.
+        Without a loader, or for any other message, this does nothing.
+        """
+        if self._loader is None or self.done or self._request_done:
+            return
+        self._read_protocol_config(message)
+        self._read_subset_hint(message)
+        kind = message.WhichOneof("request")
+        if kind == "request_body":
+            chunk = message.request_body
+            if len(self._body) + len(chunk.body) > self._settings.max_request_body_bytes:
+                return  # `handle` answers 400
+            if self.mode is not BodyMode.BUFFERED and not chunk.end_of_stream:
+                return
+            body = bytes(self._body) + chunk.body
+        elif kind == "request_trailers" and self.mode is BodyMode.FULL_DUPLEX_STREAMED:
+            body = bytes(self._body)
+        else:
+            return
+        try:
+            decision = self._director.route(
+                request_id=self.request_id, headers=self._headers, body=body, subset=self._subset
+            )
+            self._prepared = await hold_for_adapter(self._loader, self._director, decision)
+        except EppError as err:
+            self._prepared_error = err
 
     def fail_internal(self) -> list[pb.ProcessingResponse]:
         """The reply for an unexpected error while handling a message (500)."""
@@ -268,9 +306,14 @@ class StreamHandler:
         return replies
 
     def _route(self, body: bytes | None) -> RoutingDecision:
-        decision = self._director.route(
-            request_id=self.request_id, headers=self._headers, body=body, subset=self._subset
-        )
+        if self._prepared_error is not None:
+            raise self._prepared_error
+        if self._prepared is not None:
+            decision = self._prepared
+        else:
+            decision = self._director.route(
+                request_id=self.request_id, headers=self._headers, body=body, subset=self._subset
+            )
         self._decision = decision
         self._request_done = True
         log.debug(
