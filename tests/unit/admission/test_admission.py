@@ -117,7 +117,8 @@ saturationDetector: {pluginRef: utilization-detector}
     assert admission.detector.queue_depth_threshold == 20
     assert admission.detector.staleness_threshold_s == pytest.approx(0.2)
     assert admission.detector.level(_pool("saturated"), NOW) is SaturationLevel.OK
-    assert admission.detector.level([endpoint_state(0, updated_at=NOW - 0.5)], NOW) is SaturationLevel.SATURATED
+    stale = [endpoint_state(0, updated_at=NOW - 0.5)]
+    assert admission.detector.level(stale, NOW) is SaturationLevel.SATURATED
     admission.admit(_request(Criticality.STANDARD), _pool("overloaded"), snapshot_of([], NOW), NOW)
 
 
