@@ -26,11 +26,15 @@ from epp.scheduling.types import LLMRequest, Scheduler, SchedulingResult
 
 @dataclass(slots=True)
 class _Open:
-    """Per in-flight request: the headers for the upstream request, and whether it was logged."""
+    """Per in-flight request id: the headers for the upstream request, and whether it was logged.
+
+    Clients choose `x-request-id`, so one id may be in flight on several streams: `streams`
+    counts them and the entry goes when the last one ends.
+    """
 
     trace_headers: list[tuple[str, str]] = field(default_factory=list)
     logged: bool = False
-    routed_model: str | None = None
+    streams: int = 0
     models: tuple[str, str] = ("", "")  # (model_name, target_model_name) once the body was read
 
 
@@ -75,7 +79,11 @@ class Observer:
 
     def on_finished(self, record: StreamRecord) -> None:
         """A stream ended: request metrics, the response status on its decision, forget the request."""
-        state = self._open.pop(record.request_id, None)
+        state = self._open.get(record.request_id)
+        if state is not None:
+            state.streams -= 1
+            if state.streams <= 0:
+                del self._open[record.request_id]
         decision = record.decision
         request = decision.request if decision is not None else None
         duration_s = self._clock.now() - request.arrival_s if request is not None else None
@@ -94,10 +102,15 @@ class Observer:
                 prompt_tokens=usage.prompt_tokens if usage is not None else None,
                 completion_tokens=usage.completion_tokens if usage is not None else None,
                 duration_s=duration_s,
+                ttft_s=(
+                    record.first_response_body_at_s - request.arrival_s
+                    if request is not None and record.first_response_body_at_s is not None
+                    else None
+                ),
             )
         )
-        if state is not None and state.routed_model is not None:
-            self.metrics.request_finished(state.routed_model)
+        if request is not None:  # a decision means the scheduler's on_routed ran
+            self.metrics.request_finished(request.target_model)
         if state is not None and state.logged:
             self.decisions.set_status(record.request_id, record.response_status)
         elif record.error is not None and record.request_id:
@@ -119,9 +132,11 @@ class Observer:
     # -- called by the wrappers ------------------------------------------------------------
 
     def _state(self, request_id: str) -> _Open:
+        """The entry for a request that reached admission or scheduling (once per stream)."""
         state = self._open.get(request_id)
         if state is None:
             state = self._open[request_id] = _Open()
+        state.streams += 1
         return state
 
     def _start_span(self, request: LLMRequest, candidates: Sequence[EndpointState]) -> Span:
@@ -207,10 +222,7 @@ class Observer:
         )
 
     def _routed(self, request: LLMRequest) -> None:
-        state = self._state(request.request_id)
-        if state.routed_model is None:
-            state.routed_model = request.target_model
-            self.metrics.request_started(request.target_model)
+        self.metrics.request_started(request.target_model)
 
 
 class _ObservedScheduler:

@@ -4,14 +4,18 @@
   are still routed, and the EPP's own metrics show the failures;
 - the EPP restarted while requests flow: FailOpen keeps serving, FailClose refuses cleanly,
   and both serve again once the EPP is back; no request hangs;
-- shutdown (what SIGTERM triggers) lets an in-flight stream finish within the grace period.
+- shutdown (what SIGTERM triggers) lets an in-flight stream finish within the grace period;
+- a pod killed mid-response: that request ends cut short without hanging, later ones avoid the pod.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
+import http.client
+import json
 import pathlib
 import socket
 import threading
@@ -167,3 +171,34 @@ async def test_shutdown_lets_an_in_flight_stream_finish(tmp_path: pathlib.Path) 
                 await finish(running)
     finally:
         await pods.stop()
+
+
+SLOW_STREAM = dataclasses.replace(
+    EPP_STACK, sim=dataclasses.replace(EPP_STACK.sim, inter_token_latency_s=0.05)
+)
+
+
+@pytest.mark.parametrize("own_stack", [SLOW_STREAM], indirect=True, ids=["slow-stream"])
+def test_a_pod_dying_mid_response_fails_that_request_cleanly_and_later_ones_avoid_it(
+    own_stack: LocalStack,
+) -> None:
+    host, port = own_stack.gateway_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = json.dumps({"model": ADAPTERS[0], "prompt": "Say hello.", "max_tokens": 200, "stream": True})
+    connection.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    serving = response.getheader("x-inference-pod")
+    assert serving
+    received = response.read1(64)  # the stream has started
+    own_stack.kill_pod(serving)
+    started = time.monotonic()
+    with contextlib.suppress(http.client.HTTPException, OSError):
+        while chunk := response.read1(4096):
+            received += chunk
+    assert time.monotonic() - started < 20  # ended, did not hang
+    assert b"[DONE]" not in received  # cut short, not completed by someone else
+    connection.close()
+    replies = [completion(own_stack, adapter) for adapter in ADAPTERS * 2]
+    assert [r.status for r in replies] == [200] * len(replies)
+    assert serving not in {r.pod for r in replies}

@@ -149,3 +149,30 @@ def test_every_flag_is_documented() -> None:
     configure_parser(parser)
     undocumented = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
     assert undocumented == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        ([], {}, (False, None, 256)),
+        (["--tracing"], {}, (True, None, 256)),
+        ([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, (True, None, 256)),
+        (["--tracing=false"], {}, (False, None, 256)),
+        (
+            ["--metrics-auth-token-file", "/var/run/token", "--decision-log-size", "10"],
+            {},
+            (False, "/var/run/token", 10),
+        ),
+    ],
+    ids=["defaults", "tracing-flag", "otlp-endpoint-env", "tracing-off", "token-and-log-size"],
+)
+def test_observability_flags(argv: list[str], environ: dict[str, str], expected: tuple[object, ...]) -> None:
+    s = parse(["--pool-name", "p", *argv], environ)
+    token = str(s.metrics_auth_token_file) if s.metrics_auth_token_file is not None else None
+    assert (s.tracing, token, s.decision_log_size) == expected
+
+
+@pytest.mark.parametrize("size", ["0", "100001"], ids=["zero", "too-large"])
+def test_decision_log_size_is_bounded(size: str) -> None:
+    with pytest.raises((SystemExit, ConfigError)):
+        parse(["--pool-name", "p", "--decision-log-size", size])

@@ -66,7 +66,9 @@ class Harness:
         response: bytes | None = b'{"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}',
         advance_s: float = 0.25,
     ) -> StreamHandler:
-        handler = StreamHandler(self.director, StreamSettings(), on_finished=self.observer.on_finished)
+        handler = StreamHandler(
+            self.director, StreamSettings(), on_finished=self.observer.on_finished, clock=self.clock
+        )
         all_headers = {":method": "POST", "x-request-id": request_id, **(headers or {})}
         handler.handle(
             pb.ProcessingRequest(
@@ -112,6 +114,7 @@ def test_a_served_request_counts_sizes_tokens_and_latency(prefix: str) -> None:
     assert h.sample(f"{prefix}_input_tokens_sum", **MODEL) == 7
     assert h.sample(f"{prefix}_output_tokens_sum", **MODEL) == 3
     assert h.sample(f"{prefix}_request_duration_seconds_sum", **MODEL) == pytest.approx(0.25)
+    assert h.sample(f"{prefix}_request_ttft_seconds_sum", **MODEL) == pytest.approx(0.25)
     assert h.sample(f"{prefix}_running_requests", model_name="m") == 0
     assert h.sample(f"{prefix}_request_error_total", **MODEL, error_code="BadRequest") is None
 
@@ -218,3 +221,33 @@ def test_the_decision_log_is_bounded() -> None:
     for index in range(10):
         h.request(b'{"model":"m"}', request_id=f"r{index}")
     assert [d.request_id for d in h.decisions.recent()] == ["r9", "r8", "r7", "r6"]
+
+
+def test_streams_sharing_a_client_request_id_are_each_accounted() -> None:
+    h = Harness()
+    handlers = []
+    for _ in range(2):
+        handler = StreamHandler(h.director, StreamSettings(), on_finished=h.observer.on_finished)
+        handler.handle(
+            pb.ProcessingRequest(
+                request_headers=pb.HttpHeaders(
+                    headers=base_pb2.HeaderMap(
+                        headers=[
+                            base_pb2.HeaderValue(key="x-request-id", raw_value=b"same"),
+                            base_pb2.HeaderValue(key="traceparent", raw_value=TRACEPARENT.encode()),
+                        ]
+                    )
+                )
+            )
+        )
+        handler.handle(
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=b'{"model":"m"}', end_of_stream=True))
+        )
+        handlers.append(handler)
+    assert h.sample("inference_objective_running_requests", model_name="m") == 2
+    handlers[0].close()
+    assert h.sample("inference_objective_running_requests", model_name="m") == 1
+    assert h.observer.trace_headers("same")  # the other stream is still open
+    handlers[1].close()
+    assert h.sample("inference_objective_running_requests", model_name="m") == 0
+    assert h.observer.trace_headers("same") == []

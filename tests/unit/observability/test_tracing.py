@@ -44,3 +44,9 @@ def test_a_bad_or_missing_traceparent_starts_a_new_trace(headers: dict[str, str]
 
 def test_tracing_off_uses_a_no_op_tracer() -> None:
     assert isinstance(tracing.decision_tracer(None), NoOpTracer)
+
+
+def test_the_otlp_exporter_loads() -> None:
+    """Catches an install where another package's older `opentelemetry/proto` files won."""
+    provider = tracing.build_tracer_provider()
+    provider.shutdown()
