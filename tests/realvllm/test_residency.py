@@ -87,7 +87,7 @@ def test_residency_model_tracks_real_slots(real_pods: list[RealPod]) -> None:
 
         # A third adapter while both slots are busy: vLLM defers it, the model evicts nothing.
         observer.send("lora-2", SHORT_TOKENS)
-        assert wait_until(lambda: observer.scrape().deferred_requests == 1, timeout_s=20, interval_s=0.05)
+        assert wait_until(lambda: observer.scrape().deferred_requests == 1, timeout_s=90, interval_s=0.05)
         assert "lora-2" not in observer.metrics.active_adapters
         assert {"lora-0", "lora-1"} <= observer.gpu()
         assert observer.model.victim(observer.name, state) is None

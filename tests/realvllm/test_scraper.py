@@ -93,7 +93,7 @@ def test_busy_page_with_a_deferred_adapter_is_read_exactly(real_pods: list[RealP
                 >= 1
             )
 
-        assert wait_until(deferred_seen, timeout_s=20, interval_s=0.05), "no deferred request seen"
+        assert wait_until(deferred_seen, timeout_s=90, interval_s=0.05), "no deferred request seen"
         busy = assert_exact(pages[-1])
         assert busy.running_requests == 4
         assert busy.deferred_requests == 1 and busy.waiting_requests == 1
@@ -120,6 +120,6 @@ def test_page_during_a_single_adapter_request_is_read_exactly(real_pods: list[Re
             seen.append(assert_exact(scrape(pod)))
             return adapter in seen[-1].active_adapters
 
-        assert wait_until(adapter_seen, timeout_s=20, interval_s=0.05)
+        assert wait_until(adapter_seen, timeout_s=90, interval_s=0.05)
         assert seen[-1].running_requests == 1
         assert future.result().status == 200

@@ -200,7 +200,7 @@ def slot_pressure_view(pod: RealPod) -> tuple[int, int, int, frozenset[str], int
             seen.append(parse_metrics(get_text(f"{pod.url}/metrics"), 0.0))
             return seen[-1].deferred_requests > 0
 
-        assert wait_until(deferred, timeout_s=20, interval_s=0.02), f"{pod.name}: nothing deferred"
+        assert wait_until(deferred, timeout_s=90, interval_s=0.02), f"{pod.name}: nothing deferred"
         assert all(f.result().status == 200 for f in [*holders, late])
     m = seen[-1]
     return m.running_requests, m.waiting_requests, m.deferred_requests, m.active_adapters, m.max_lora
