@@ -28,6 +28,8 @@ from epp.scheduling.types import LLMRequest, Scheduler, SchedulingResult
 
 POLICY_NAMES: tuple[str, ...] = ("default", "round-robin", "random", "least-queue", "gie-v0.3", "gie-v1")
 
+# One endpoint by default, as upstream: an ORIGINAL_DST cluster answers 503 to a comma list.
+# Fallbacks are a config away (`maxNumOfEndpoints: 3`), for data planes that walk the list.
 DEFAULT_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -37,7 +39,7 @@ plugins:
 - type: load-scorer
 - type: gpu-headroom-scorer
 - type: max-score-picker
-  parameters: {maxNumOfEndpoints: 3}
+  parameters: {maxNumOfEndpoints: 1}
 schedulingProfiles:
 - name: default
   plugins:

@@ -9,11 +9,21 @@ import pytest
 from epp.datastore.types import FailureMode
 from epp.envoy.config import BodyMode
 from epp.localstack import LocalStack
+from epp.scheduling.policies import DEFAULT_CONFIG
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 
 pytestmark = pytest.mark.integration
 
+WITH_FALLBACKS = dataclasses.replace(
+    EPP_STACK,
+    extra_serve_args=(
+        "--config-text",
+        DEFAULT_CONFIG.replace("maxNumOfEndpoints: 1", "maxNumOfEndpoints: 3"),
+    ),
+)
 
+
+@pytest.mark.parametrize("own_stack", [WITH_FALLBACKS], indirect=True, ids=["fallbacks-configured"])
 def test_a_dead_pod_is_retried_around_then_no_longer_picked(own_stack: LocalStack) -> None:
     first = completion(own_stack, ADAPTERS[0])
     assert first.status == 200

@@ -129,7 +129,7 @@ def test_default_totals_are_the_weighted_sum_in_unit_range() -> None:
         assert total == pytest.approx(sum(weights[k] * v for k, v in result.scores[name].items()))
     assert result.primary.name == "pod-1-rank-0"
     assert result.reason == "adapter-active"
-    assert len(result.endpoints) == 3  # primary + two fallbacks
+    assert len(result.endpoints) == 1  # one endpoint unless fallbacks are configured
 
 
 def test_stale_only_pool_still_gets_an_endpoint() -> None:
