@@ -226,7 +226,7 @@ class ProfileScheduler:
         state = self.state
         state.inflight.add(request.request_id, primary, adapter, now)
         if not is_base_model(request, state, result.endpoints):
-            state.residency.on_routed(primary, adapter)
+            state.residency.on_routed(primary, adapter, now)
             state.popularity.record(adapter, now)
         for observer in self._observers:
             observer.on_routed(request, result.primary, now)
@@ -239,6 +239,7 @@ class ProfileScheduler:
         names = [e.name for e in snapshot.endpoints]
         if names:
             self.state.residency.forget(names)
+            self.state.inflight.forget(set(names))
             for observer in self._observers:
                 forget = getattr(observer, "forget", None)
                 if callable(forget):

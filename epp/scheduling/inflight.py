@@ -30,6 +30,7 @@ class InflightTracker:
         self._by_request: dict[str, _Entry] = {}
         self._by_endpoint: dict[str, dict[str, float]] = {}
         self._adapters: dict[str, dict[str, int]] = {}
+        self._versions: dict[str, int] = {}  # endpoint -> bumped on every add/remove there
 
     def __len__(self) -> int:
         return len(self._by_request)
@@ -41,6 +42,7 @@ class InflightTracker:
         self._expire(now)
         self._by_request[request_id] = _Entry(endpoint, adapter, now)
         self._by_endpoint.setdefault(endpoint, {})[request_id] = now
+        self._versions[endpoint] = self._versions.get(endpoint, 0) + 1
         per_adapter = self._adapters.setdefault(endpoint, {})
         per_adapter[adapter] = per_adapter.get(adapter, 0) + 1
 
@@ -49,6 +51,7 @@ class InflightTracker:
         entry = self._by_request.pop(request_id, None)
         if entry is None:
             return None
+        self._versions[entry.endpoint] = self._versions.get(entry.endpoint, 0) + 1
         requests = self._by_endpoint.get(entry.endpoint)
         if requests is not None:
             requests.pop(request_id, None)
@@ -80,6 +83,15 @@ class InflightTracker:
                 break
             n += 1
         return n
+
+    def version(self, endpoint: str) -> int:
+        """Changes whenever a request is added to or removed from `endpoint` (for caches)."""
+        return self._versions.get(endpoint, 0)
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the version counters of endpoints not in `keep` that hold nothing in flight."""
+        for endpoint in [e for e in self._versions if e not in keep and e not in self._by_endpoint]:
+            del self._versions[endpoint]
 
     def adapter_count(self, endpoint: str, adapter: str) -> int:
         per_adapter = self._adapters.get(endpoint)

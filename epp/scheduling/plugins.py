@@ -66,6 +66,7 @@ def _adapter_affinity(name: str, p: Params, state: SchedulerState) -> Plugin:
         evict=p.number("evictScore", defaults.evict, minimum=0, maximum=1),
         saturated_home=p.number("saturatedHomeScore", defaults.saturated_home, minimum=0, maximum=1),
         draining_home=p.number("drainingHomeScore", defaults.draining_home, minimum=0, maximum=1),
+        drain_after_s=p.number("drainAfterSeconds", defaults.drain_after_s, minimum=0),
         spill_queue_threshold=p.number("spillQueueThreshold", defaults.spill_queue_threshold, minimum=0),
         spill_load_ratio=p.number("spillLoadRatio", defaults.spill_load_ratio, minimum=0),
         home_spread=p.number("homeSpread", defaults.home_spread, minimum=0),
@@ -90,10 +91,11 @@ def _prefix(name: str, p: Params, state: SchedulerState) -> Plugin:
 
 
 def _load(name: str, p: Params, state: SchedulerState) -> Plugin:
+    defaults = LoadScorer()
     return LoadScorer(
         name=name,
-        queue_scale=p.number("queueScale", 8.0, minimum=1e-9),
-        running_weight=p.number("runningWeight", 1.0, minimum=0),
+        queue_scale=p.number("queueScale", defaults.queue_scale, minimum=1e-9),
+        running_weight=p.number("runningWeight", defaults.running_weight, minimum=0),
     )
 
 

@@ -49,8 +49,12 @@ class PodResidency:
     cpu: OrderedDict[str, None] = field(default_factory=OrderedDict)
     last_scrape_at: float | None = None
     observed_active: frozenset[str] = frozenset()
-    # Adapters we sent while every slot was busy, oldest first: they wait for a slot.
-    waiters: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Adapters we sent while every slot was busy → when, oldest first: they wait for a slot.
+    waiters: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    deferred_since: float | None = None  # scrape time since which it has reported deferred requests
+    version: int = 0  # bumped on every change to `gpu` or `waiters` (for caches)
+    # (version, in-flight version) -> (victim, lightest holder, its in-flight count)
+    _cached: tuple[int, int, str | None, str | None, int] | None = None
 
     def free_slots(self) -> int:
         return max(0, self.slots - len(self.gpu))
@@ -114,18 +118,25 @@ class ResidencyModel:
                     pod.gpu[adapter] *= 0.5
         pod.last_scrape_at = metrics.updated_at
         pod.observed_active = metrics.active_adapters
-        for adapter in metrics.active_adapters:
+        if metrics.deferred_requests <= 0:
+            pod.deferred_since = None
+        elif pod.deferred_since is None:
+            pod.deferred_since = metrics.updated_at
+        pod.version += 1
+        # Sorted: set order changes with the interpreter's hash seed; keep runs reproducible.
+        for adapter in sorted(metrics.active_adapters):
             self._touch(state.name, pod, adapter)
         self._trim(state.name, pod, keep=None)
 
-    def on_routed(self, endpoint: str, adapter: str) -> None:
+    def on_routed(self, endpoint: str, adapter: str, now: float = 0.0) -> None:
         """`adapter` was just sent to `endpoint`: make it MRU there, evicting an idle LRU if full."""
         pod = self._pod_for(endpoint)
         was_resident = adapter in pod.gpu
         self._touch(endpoint, pod, adapter)
         self._trim(endpoint, pod, keep=adapter)
         if not was_resident and len(pod.gpu) > pod.slots:
-            pod.waiters[adapter] = None
+            pod.waiters[adapter] = now
+            pod.version += 1
 
     def on_completed(self, endpoint: str) -> None:
         """A request on `endpoint` finished: slots it held may be evicted again, so re-trim."""
@@ -135,29 +146,50 @@ class ResidencyModel:
 
     def victim(self, endpoint: str, pod: PodResidency) -> str | None:
         """The adapter a load on a full `pod` would evict: its LRU entry with nothing in flight."""
-        for adapter in pod.gpu:
-            if self._evictable(endpoint, pod, adapter):
-                return adapter
-        return None
+        return self._slot_facts(endpoint, pod)[0]
 
-    def drain_target(self, endpoint: str, pod: PodResidency, *, deferred: int = 0) -> str | None:
-        """On a pod where a request waits for a slot, the adapter to stop feeding; else None.
+    def _slot_facts(self, endpoint: str, pod: PodResidency) -> tuple[str | None, str | None, int]:
+        """(victim, lightest holder, its in-flight count), cached until the pod or its in-flight set
+        changes: a decision asks this of every full candidate, and only the pods a request was
+        routed to or completed on change, so this is O(1) amortised per pod and decision."""
+        inflight_version = self._inflight.version(endpoint)
+        cached = pod._cached
+        if cached is not None and cached[0] == pod.version and cached[1] == inflight_version:
+            return cached[2], cached[3], cached[4]
+        victim: str | None = None
+        lightest: str | None = None
+        lightest_count = 0
+        observed = pod.observed_active
+        for adapter in pod.gpu:
+            count = self._inflight.adapter_count(endpoint, adapter)
+            if victim is None and count == 0 and adapter not in observed:
+                victim = adapter
+            if adapter not in pod.waiters and (lightest is None or count < lightest_count):
+                lightest, lightest_count = adapter, count
+        pod._cached = (pod.version, inflight_version, victim, lightest, lightest_count)
+        return victim, lightest, lightest_count
+
+    def drain_target(self, endpoint: str, pod: PodResidency, now: float, after_s: float) -> str | None:
+        """On a pod where a request has waited for a slot `after_s` or longer, the adapter to stop
+        feeding; else None.
 
         The slot-holding adapter with the fewest requests in flight (LRU first on ties):
         routing its new requests elsewhere lets it finish soonest and free its slot for the
-        waiting adapter, while the pod's other adapters keep their traffic.
+        waiting adapter, while the pod's other adapters keep their traffic. A short wait is
+        left alone: a slot often frees by itself, and draining moves traffic to other pods.
         """
-        if len(pod.gpu) <= pod.slots and deferred <= 0:
+        since = pod.deferred_since
+        if pod.waiters and len(pod.gpu) > pod.slots:
+            oldest = next(iter(pod.waiters.values()))
+            since = oldest if since is None else min(since, oldest)
+        if since is None or now - since < after_s:
             return None
-        best: str | None = None
-        best_count = 0
-        for adapter in pod.gpu:
-            if adapter in pod.waiters:
-                continue
-            count = self._inflight.adapter_count(endpoint, adapter)
-            if best is None or count < best_count:
-                best, best_count = adapter, count
-        return best
+        return self.lightest_holder(endpoint, pod)[0]
+
+    def lightest_holder(self, endpoint: str, pod: PodResidency) -> tuple[str | None, int]:
+        """The slot-holding adapter (not a waiter) with the fewest requests in flight, and that count."""
+        _, lightest, count = self._slot_facts(endpoint, pod)
+        return lightest, count
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop every pod not in `keep` (endpoints that left the pool)."""
@@ -169,12 +201,14 @@ class ResidencyModel:
         return adapter not in pod.observed_active and self._inflight.adapter_count(endpoint, adapter) == 0
 
     def _touch(self, endpoint: str, pod: PodResidency, adapter: str) -> None:
+        pod.version += 1
         pod.gpu[adapter] = 1.0
         pod.gpu.move_to_end(adapter)
         pod.cpu.pop(adapter, None)
         self._homes.setdefault(adapter, set()).add(endpoint)
 
     def _trim(self, endpoint: str, pod: PodResidency, keep: str | None) -> None:
+        pod.version += 1
         while len(pod.gpu) > pod.slots:
             victim = next(
                 (a for a in pod.gpu if a != keep and self._evictable(endpoint, pod, a)),
@@ -194,6 +228,7 @@ class ResidencyModel:
             pod.waiters.clear()
 
     def _clear(self, endpoint: str, pod: PodResidency) -> None:
+        pod.version += 1
         for adapter in pod.gpu:
             self._drop_home(adapter, endpoint)
         pod.gpu.clear()

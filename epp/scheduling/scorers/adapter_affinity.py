@@ -6,7 +6,8 @@ Tiers for a request naming adapter A, per pod:
 - A free GPU slot (no request deferred for a slot): `freeSlot` (0.6), or `widenSlot` (0.8)
   while A has fewer homes than its traffic share asks for.
 - Full: loading A evicts the LRU idle adapter V: up to `evict` (0.2), higher the colder V
-  is; 0 when V is a much hotter adapter's only home, or when every slot is busy (A would wait).
+  is; 0 when V is a much hotter adapter's only home, or when every slot is busy (A would
+  wait).
 A home (active or resident) whose load (waiting + running + routed since the scrape)
 exceeds the candidates' least by more than `spillQueueThreshold` + `spillLoadRatio` × that
 least is a hotspot: it scores `saturatedHome` (0.4), below a free slot, so
@@ -14,11 +15,12 @@ traffic spills to a new home while popular adapters widen their home sets
 (desired homes = ⌈traffic share × pods × `homeSpread`⌉, at least 1). Rare adapters keep
 one home and land where eviction hurts least. Base-model requests need no slot: 1.0.
 
-Starvation guard: on a pod where some request waits for a LoRA slot (the scrape reports
-deferred requests, or we sent it more busy adapters than it has slots), the slot holder
-with the fewest requests in flight is drained: as a home it scores `drainingHome` (0.05),
-below any pod that could take the request now, so it finishes and the waiting adapter
-gets its slot. Without this a rare adapter behind four busy hot ones waits for ever.
+Starvation guard: on a pod where a request has waited `drainAfterSeconds` (1) for a LoRA
+slot (the scrape reports deferred requests, or we sent more busy adapters than it has
+slots), the slot holder with the fewest requests in flight is drained: as a home it
+scores `drainingHome` (0.05), below any pod that could take the request now, so it
+finishes and the waiting adapter gets its slot. Without this a rare adapter behind four
+busy hot ones waits as long as they keep getting traffic.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class AdapterAffinityScorer:
     evict: float = 0.2
     saturated_home: float = 0.4
     draining_home: float = 0.05
-    spill_queue_threshold: float = 8.0  # requests
-    spill_load_ratio: float = 0.5  # and this share of the least-loaded candidate's load
+    drain_after_s: float = 1.0
+    spill_queue_threshold: float = 16.0  # requests
+    spill_load_ratio: float = 0.5  # plus this multiple of the least-loaded candidate's load
     home_spread: float = 1.0
     cpu_tier_bonus: float = 0.02
     protect_ratio: float = 2.0  # a sole home is protected from adapters this many times colder
@@ -87,8 +90,7 @@ class AdapterAffinityScorer:
             # an adapter with requests in flight is never evicted: so homes ⊇ active pods.
             if name in homes and pod is not None:
                 is_active = adapter in pod.observed_active or inflight.adapter_count(name, adapter) > 0
-                deferred = m.deferred_requests if m is not None else 0
-                if adapter == residency.drain_target(name, pod, deferred=deferred):
+                if adapter == residency.drain_target(name, pod, now, self.drain_after_s):
                     out.append(self.draining_home)
                     reasons[name] = "draining-home"
                 elif loads[i] > spill_above:
@@ -112,7 +114,7 @@ class AdapterAffinityScorer:
                 continue
             victim = residency.victim(name, pod) if pod is not None else None
             if victim is None:
-                out.append(0.0)
+                out.append(0.0)  # every slot is busy: the request would wait for one
                 reasons[name] = "slot-wait"
                 continue
             victim_rate = popularity.rate(victim, now)

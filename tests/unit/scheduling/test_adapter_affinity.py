@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from epp.datastore.types import EndpointState
-from epp.scheduling.build import build_scheduler
+from epp.scheduling.build import MAX_SCORED_ENDPOINTS, build_scheduler_from_config
+from epp.scheduling.config import load_config
 from epp.scheduling.framework import ProfileScheduler
+from epp.scheduling.policies import policy_config_text
 from epp.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import BASE, endpoint_state, snapshot_of
 
@@ -23,9 +25,12 @@ def _affinity(scheduler: ProfileScheduler, states: list[EndpointState], model: s
 
 
 def _default() -> ProfileScheduler:
-    scheduler = build_scheduler(seed=1)
-    assert isinstance(scheduler, ProfileScheduler)
-    return scheduler
+    """The `default` policy, returning every candidate (so each one's scores can be read)."""
+    text = policy_config_text("default").replace("maxNumOfEndpoints: 1", "maxNumOfEndpoints: 1000")
+    assert text != policy_config_text("default")
+    return build_scheduler_from_config(
+        load_config(text), seed=1, name="default", max_scored_endpoints=MAX_SCORED_ENDPOINTS["default"]
+    )
 
 
 def _route(scheduler: ProfileScheduler, states: list[EndpointState], model: str, pod: int, i: int) -> None:
@@ -97,7 +102,7 @@ def test_evicting_a_cold_victim_beats_evicting_a_hot_only_home() -> None:
 def test_saturated_home_spills_to_a_free_slot() -> None:
     scheduler = _default()
     states = [
-        endpoint_state(0, updated_at=NOW, waiting=12, active={"hot"}),
+        endpoint_state(0, updated_at=NOW, waiting=20, active={"hot"}),
         endpoint_state(1, updated_at=NOW),
     ]
     result = scheduler.schedule(_request("hot"), states, snapshot_of(states, NOW), NOW)
@@ -141,3 +146,99 @@ def test_large_pool_scores_a_sample_but_always_the_homes() -> None:
         assert result.primary.name == "pod-217-rank-0"
     other = scheduler.schedule(_request("b", 99), subset, snapshot_of(states, NOW), NOW)
     assert other.primary.name in names
+
+
+def test_running_load_moves_traffic_to_an_idle_pod() -> None:
+    """Five busy homes (queue 0, ~70 running: vLLM batches them all) and one empty pod.
+
+    The waiting queue says nothing here; the running batch does. Traffic must reach the
+    empty pod rather than pile onto the homes.
+    """
+    scheduler = _default()
+    adapters = [f"a{i}" for i in range(5)]
+    states = [
+        endpoint_state(i, updated_at=NOW, running=70, max_lora=4, active={adapters[i]}) for i in range(5)
+    ] + [endpoint_state(5, updated_at=NOW, max_lora=4)]
+    picks: dict[str, int] = {}
+    for i in range(10):
+        request = _request(adapters[i % 5], i)
+        result = scheduler.schedule(request, states, snapshot_of(states, NOW), NOW)
+        scheduler.on_routed(request, result, NOW)
+        picks[result.primary.name] = picks.get(result.primary.name, 0) + 1
+    assert picks.get("pod-5-rank-0", 0) >= 5
+
+
+@pytest.mark.parametrize(
+    ("running", "spills"),
+    [(0, False), (12, False), (20, True), (70, True)],
+    ids=["equal-load-stays", "busier-by-12-stays", "busier-by-20-spills", "busier-by-70-spills"],
+)
+def test_hotspot_spill_fires_on_running_load(running: int, spills: bool) -> None:
+    scheduler = _default()
+    states = [
+        endpoint_state(0, updated_at=NOW, running=running, active={"hot"}),
+        endpoint_state(1, updated_at=NOW),
+    ]
+    result = scheduler.schedule(_request("hot"), states, snapshot_of(states, NOW), NOW)
+    assert (result.primary.name == "pod-1-rank-0") is spills
+    assert (result.scores["pod-0-rank-0"]["adapter-affinity-scorer"] < 1.0) is spills
+
+
+def _route_open(
+    scheduler: ProfileScheduler, states: list[EndpointState], model: str, pod: int, i: int
+) -> None:
+    """Route request `i` for `model` to `pod` and leave it in flight."""
+    request = _request(model, i)
+    result = scheduler.schedule(request, [states[pod]], snapshot_of(states, NOW), NOW)
+    scheduler.on_routed(request, result, NOW)
+
+
+@pytest.mark.parametrize(
+    "signal", ["our-routing", "scraped-deferred"], ids=["we-sent-a-fifth-adapter", "scrape-shows-deferred"]
+)
+def test_pod_with_a_slot_waiter_drains_its_lightest_adapter(signal: str) -> None:
+    """No starvation: a rare adapter waiting behind busy slot holders gets a slot.
+
+    Pod 0 holds two busy adapters in its two slots (h1 with 3 in flight, h2 with 1). Once a
+    request has waited there for a slot past `drainAfterSeconds`, new h2 traffic must go
+    elsewhere so h2 finishes and frees its slot; h1, the busier one, keeps its home.
+    """
+    scheduler = _default()
+    deferred = 1 if signal == "scraped-deferred" else 0
+    states = [
+        endpoint_state(0, updated_at=NOW, max_lora=2, deferred=deferred),
+        endpoint_state(1, updated_at=NOW, max_lora=2),
+    ]
+    for i in range(3):
+        _route_open(scheduler, states, "h1", 0, i)
+    _route_open(scheduler, states, "h2", 0, 10)
+    if signal == "our-routing":
+        _route_open(scheduler, states, "rare", 0, 20)  # every slot busy: it waits
+    soon = scheduler.schedule(_request("h2", 29), states, snapshot_of(states, NOW), NOW + 0.2)
+    assert soon.scores["pod-0-rank-0"]["adapter-affinity-scorer"] == pytest.approx(1.0)  # a short wait
+    later = NOW + 1.5  # past drainAfterSeconds (1)
+    h2 = scheduler.schedule(_request("h2", 30), states, snapshot_of(states, NOW), later)
+    assert h2.scores["pod-0-rank-0"]["adapter-affinity-scorer"] == pytest.approx(0.05)
+    assert h2.primary.name == "pod-1-rank-0"
+    h1 = scheduler.schedule(_request("h1", 31), states, snapshot_of(states, NOW), later)
+    assert h1.scores["pod-0-rank-0"]["adapter-affinity-scorer"] == pytest.approx(1.0)
+
+
+def test_waiter_gets_the_slot_when_the_drained_adapter_finishes() -> None:
+    scheduler = _default()
+    states = [endpoint_state(0, updated_at=NOW, max_lora=2), endpoint_state(1, updated_at=NOW, max_lora=2)]
+    requests = []
+    for i, model in enumerate(["h1", "h2", "rare"]):
+        request = _request(model, i)
+        result = scheduler.schedule(request, [states[0]], snapshot_of(states, NOW), NOW)
+        scheduler.on_routed(request, result, NOW)
+        requests.append((request, result))
+    residency = scheduler.state.residency
+    pod = residency.pod("pod-0-rank-0")
+    assert pod is not None and list(pod.waiters) == ["rare"]
+    h2_request, h2_result = requests[1]
+    scheduler.on_completed(h2_request, h2_result.primary.name, NOW + 1.0, ok=True)
+    assert list(pod.gpu) == ["h1", "rare"]
+    assert not pod.waiters
+    h2 = scheduler.schedule(_request("h2", 40), states, snapshot_of(states, NOW), NOW + 1.0)
+    assert h2.scores["pod-0-rank-0"]["adapter-affinity-scorer"] < 0.05  # both slots busy now

@@ -107,3 +107,25 @@ def test_bounded_at_scale() -> None:
     for i in range(100):
         pod = model.pod(f"pod-{i}")
         assert pod is not None and len(pod.gpu) <= 4 and len(pod.cpu) <= 4
+
+
+def test_victim_follows_inflight_changes_despite_its_cache() -> None:
+    """`victim` is cached per pod; every add/complete on the pod must still show at once."""
+    model, inflight = _model(default_max_lora=2)
+    for i, adapter in enumerate(["a", "b"]):
+        inflight.add(f"r{i}", POD, adapter, 0.0)
+        model.on_routed(POD, adapter)
+    pod = model.pod(POD)
+    assert pod is not None
+    assert model.victim(POD, pod) is None  # both busy
+    assert model.victim(POD, pod) is None  # cached answer, same
+    inflight.remove("r1")
+    assert model.victim(POD, pod) == "b"
+    inflight.remove("r0")
+    assert model.victim(POD, pod) == "a"  # LRU first
+    inflight.add("r2", POD, "a", 1.0)
+    assert model.victim(POD, pod) == "b"
+    model.on_routed(POD, "c")  # evicts b
+    assert list(pod.gpu) == ["a", "c"]
+    assert model.victim(POD, pod) == "c"  # a still in flight, c idle
+    assert model.lightest_holder(POD, pod) == ("c", 0)
