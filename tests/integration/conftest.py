@@ -96,18 +96,20 @@ def _started(options: StackOptions) -> Iterator[LocalStack]:
         stack.stop()
 
 
-@pytest.fixture(scope="session")
+# Package scope: the stacks (and the EPPs scraping their sims every 50 ms) are gone before the
+# real-vLLM tier starts, so they never compete with the real servers for the CPU.
+@pytest.fixture(scope="package")
 def fdx_stack() -> Iterator[LocalStack]:
     """EPP in FULL_DUPLEX_STREAMED, FailClose, InferenceModels configured."""
     yield from _started(EPP_STACK)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def buffered_stack() -> Iterator[LocalStack]:
     yield from _started(dataclasses.replace(EPP_STACK, body_mode=BodyMode.BUFFERED))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def round_robin_stack() -> Iterator[LocalStack]:
     yield from _started(dataclasses.replace(EPP_STACK, routing=RoutingMode.ROUND_ROBIN))
 
