@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from epp.localstack import LocalStack, SimOptions, StackOptions
-from tests.integration.conftest import Reply, completion
+from tests.integration.conftest import Reply, _started, completion
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -51,17 +51,7 @@ def demand_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
         ),
         extra_serve_args=("--adapter-catalog", str(catalog)),
     )
-    stack = LocalStack(options)
-    try:
-        stack.start()
-    except Exception:
-        print(stack.log_tails())
-        stack.stop()
-        raise
-    try:
-        yield stack
-    finally:
-        stack.stop()
+    yield from _started(options)
 
 
 def test_first_request_for_an_unregistered_adapter_is_served_by_the_pod_that_loaded_it(
