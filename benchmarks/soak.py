@@ -1,7 +1,7 @@
 """Load and soak through real Envoy + `epp serve` + `epp sim` pods, beside Envoy direct to the sims.
 
 Run:  .venv/bin/python benchmarks/soak.py [--rate 50] [--duration-s 30] [--pods 4] [--hot-requests 2000]
-      [--single-requests 300] [--json results.json]
+      [--single-requests 300] [--pin] [--skip-soak] [--json results.json]
 
 Two stacks on loopback start side by side: one routes through the EPP (full scheduling, the
 default policy), the other is the same Envoy with a plain round-robin cluster of its own sims
@@ -11,11 +11,16 @@ EPP adds. Three phases, each bounded in count and time:
 1. soak: open loop at `--rate` requests/s on each stack for `--duration-s`; P50/P99 latency of
    both and the added latency, errors, the EPP's CPU time (from /proc/<pid>/stat) and its RSS at
    start and end (from /proc/<pid>/status);
-2. hot path: closed loop at concurrency 16 for `--hot-requests` on each stack: requests/s;
+2. hot path: closed loop at concurrency 16 for `--hot-requests` on each stack: requests/s, and
+   the CPU seconds the EPP and each Envoy spent on it, so `epp_rps_per_cpu_s` is the rate one
+   EPP process would sustain with a core of its own. `epp_idle_cpu_cores` is what the EPP spends
+   with no traffic (scraping the pods' /metrics every 50 ms), measured just before; the
+   `_net` figure leaves that out;
 3. one connection: `--single-requests` sequential requests on each: added P50.
 
 Numbers are wall-clock on whatever machine runs it (the EPP, Envoy, the sims and this client
-share its cores).
+share its cores). `--pin` gives the EPP process the first allowed CPU and everything else
+(both Envoys, the sims, this client) the others, so the EPP is not starved by the load it serves.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 HOT_CONCURRENCY = 16
 REQUEST_TIMEOUT_S = 30.0
+IDLE_WINDOW_S = 3.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,9 +85,10 @@ def process_usage(pid: int) -> ProcessUsage:
     return ProcessUsage(cpu_s, rss_kib * 1024)
 
 
-def epp_pid(grpc_port: int) -> int:
-    """The `epp serve` child listening on `grpc_port` (found by its command line)."""
+def children() -> dict[int, list[bytes]]:
+    """This process's direct children: pid -> argv."""
     me = os.getpid()
+    found: dict[int, list[bytes]] = {}
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -90,9 +97,38 @@ def epp_pid(grpc_port: int) -> int:
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if parent == me and b"serve" in argv and str(grpc_port).encode() in argv:
-            return int(entry.name)
+        if parent == me:
+            found[int(entry.name)] = argv
+    return found
+
+
+def epp_pid(grpc_port: int) -> int:
+    """The `epp serve` child listening on `grpc_port` (found by its command line)."""
+    for pid, argv in children().items():
+        if b"serve" in argv and str(grpc_port).encode() in argv:
+            return pid
     raise RuntimeError("epp serve process not found")
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` (grpc and Envoy run several) onto `cpus`; threads made later inherit it."""
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+def pin_stacks(epp: int) -> dict[str, list[int]]:
+    """The EPP on the first allowed CPU, every other child and this client on the rest."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise RuntimeError("--pin needs at least 2 CPUs")
+    epp_cpus, rest = {allowed[0]}, set(allowed[1:])
+    pin(epp, epp_cpus)
+    for pid in children():
+        if pid != epp:
+            pin(pid, rest)
+    pin(os.getpid(), rest)
+    return {"epp": sorted(epp_cpus), "others": sorted(rest)}
 
 
 def bodies() -> Iterator[bytes]:
@@ -172,59 +208,100 @@ def stack_options(pods: int, routing: RoutingMode) -> StackOptions:
     return StackOptions(pods=pods, sim=sim, routing=routing, extra_serve_args=("--v", "1"))
 
 
+def cpu_s(pid: int | None) -> float:
+    return process_usage(pid).cpu_s if pid is not None else float("nan")
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
+    results: dict[str, object] = {}
     with contextlib.ExitStack() as stacks:
         epp = stacks.enter_context(LocalStack(stack_options(args.pods, RoutingMode.EPP), seed=1))
         direct = stacks.enter_context(LocalStack(stack_options(args.pods, RoutingMode.ROUND_ROBIN), seed=2))
         epp_url = f"{epp.gateway_url}/v1/completions"
         direct_url = f"{direct.gateway_url}/v1/completions"
         pid = epp_pid(epp.epp_grpc_port)
+        epp_envoy = epp.envoy.pid if epp.envoy is not None else None
+        direct_envoy = direct.envoy.pid if direct.envoy is not None else None
+        if args.pin:
+            results["pinned_cpus"] = pin_stacks(pid)
         await closed_loop(epp_url, 4, 100)  # warm-up: connections, adapters loaded
         await closed_loop(direct_url, 4, 100)
 
-        before = process_usage(pid)
-        soak_started = time.perf_counter()
-        soak_epp, soak_direct = await open_loop([epp_url, direct_url], args.rate, args.duration_s)
-        soak_elapsed_s = time.perf_counter() - soak_started
-        after = process_usage(pid)
+        if not args.skip_soak:
+            before = process_usage(pid)
+            soak_started = time.perf_counter()
+            soak_epp, soak_direct = await open_loop([epp_url, direct_url], args.rate, args.duration_s)
+            soak_elapsed_s = time.perf_counter() - soak_started
+            after = process_usage(pid)
+            results["soak"] = soak_report(args.rate, soak_elapsed_s, soak_epp, soak_direct, before, after)
 
+        idle_before = cpu_s(pid)
+        await asyncio.sleep(IDLE_WINDOW_S)
+        idle_cores = (cpu_s(pid) - idle_before) / IDLE_WINDOW_S
+
+        before_cpu = (cpu_s(pid), cpu_s(epp_envoy))
         hot_epp, hot_epp_s = await closed_loop(epp_url, HOT_CONCURRENCY, args.hot_requests)
+        epp_cpu = cpu_s(pid) - before_cpu[0]
+        epp_envoy_cpu = cpu_s(epp_envoy) - before_cpu[1]
+        direct_envoy_before = cpu_s(direct_envoy)
         hot_direct, hot_direct_s = await closed_loop(direct_url, HOT_CONCURRENCY, args.hot_requests)
-        single_epp, _ = await closed_loop(epp_url, 1, args.single_requests)
-        single_direct, _ = await closed_loop(direct_url, 1, args.single_requests)
-
-    return {
-        "soak": {
-            "rate_per_stack": args.rate,
-            "duration_s": round(soak_elapsed_s, 2),
-            "epp_p50_ms": round(soak_epp.quantile_ms(0.5), 3),
-            "epp_p99_ms": round(soak_epp.quantile_ms(0.99), 3),
-            "direct_p50_ms": round(soak_direct.quantile_ms(0.5), 3),
-            "direct_p99_ms": round(soak_direct.quantile_ms(0.99), 3),
-            "added_p50_ms": round(soak_epp.quantile_ms(0.5) - soak_direct.quantile_ms(0.5), 3),
-            "added_p99_ms": round(soak_epp.quantile_ms(0.99) - soak_direct.quantile_ms(0.99), 3),
-            "epp_errors": soak_epp.errors,
-            "direct_errors": soak_direct.errors,
-            "epp_statuses": soak_epp.statuses,
-            "epp_cpu_s": round(after.cpu_s - before.cpu_s, 2),
-            "epp_cpu_cores": round((after.cpu_s - before.cpu_s) / soak_elapsed_s, 3),
-            "epp_rss_start_mib": round(before.rss_bytes / 2**20, 1),
-            "epp_rss_end_mib": round(after.rss_bytes / 2**20, 1),
-            "epp_rss_growth_mib": round((after.rss_bytes - before.rss_bytes) / 2**20, 1),
-        },
-        "hot_path": {
+        direct_envoy_cpu = cpu_s(direct_envoy) - direct_envoy_before
+        served = len(hot_epp.latencies_s)
+        epp_net_cpu = max(1e-9, epp_cpu - idle_cores * hot_epp_s)
+        results["hot_path"] = {
             "concurrency": HOT_CONCURRENCY,
             "requests": args.hot_requests,
-            "epp_rps": round(len(hot_epp.latencies_s) / hot_epp_s, 1),
+            "epp_rps": round(served / hot_epp_s, 1),
             "direct_rps": round(len(hot_direct.latencies_s) / hot_direct_s, 1),
             "epp_errors": hot_epp.errors,
-        },
-        "one_connection": {
+            "epp_cpu_s": round(epp_cpu, 2),
+            "epp_cpu_cores": round(epp_cpu / hot_epp_s, 3),
+            "epp_idle_cpu_cores": round(idle_cores, 3),
+            "epp_cpu_ms_per_request": round(1000 * epp_cpu / max(1, served), 3),
+            "epp_rps_per_cpu_s": round(served / max(1e-9, epp_cpu), 1),
+            "epp_rps_per_cpu_s_net": round(served / epp_net_cpu, 1),
+            "envoy_with_epp_cpu_ms_per_request": round(1000 * epp_envoy_cpu / max(1, served), 3),
+            "envoy_direct_cpu_ms_per_request": round(
+                1000 * direct_envoy_cpu / max(1, len(hot_direct.latencies_s)), 3
+            ),
+        }
+
+        single_epp, _ = await closed_loop(epp_url, 1, args.single_requests)
+        single_direct, _ = await closed_loop(direct_url, 1, args.single_requests)
+        results["one_connection"] = {
             "requests": args.single_requests,
             "epp_p50_ms": round(single_epp.quantile_ms(0.5), 3),
             "direct_p50_ms": round(single_direct.quantile_ms(0.5), 3),
             "added_p50_ms": round(single_epp.quantile_ms(0.5) - single_direct.quantile_ms(0.5), 3),
-        },
+        }
+    return results
+
+
+def soak_report(
+    rate: float,
+    elapsed_s: float,
+    epp: Samples,
+    direct: Samples,
+    before: ProcessUsage,
+    after: ProcessUsage,
+) -> dict[str, object]:
+    return {
+        "rate_per_stack": rate,
+        "duration_s": round(elapsed_s, 2),
+        "epp_p50_ms": round(epp.quantile_ms(0.5), 3),
+        "epp_p99_ms": round(epp.quantile_ms(0.99), 3),
+        "direct_p50_ms": round(direct.quantile_ms(0.5), 3),
+        "direct_p99_ms": round(direct.quantile_ms(0.99), 3),
+        "added_p50_ms": round(epp.quantile_ms(0.5) - direct.quantile_ms(0.5), 3),
+        "added_p99_ms": round(epp.quantile_ms(0.99) - direct.quantile_ms(0.99), 3),
+        "epp_errors": epp.errors,
+        "direct_errors": direct.errors,
+        "epp_statuses": epp.statuses,
+        "epp_cpu_s": round(after.cpu_s - before.cpu_s, 2),
+        "epp_cpu_cores": round((after.cpu_s - before.cpu_s) / elapsed_s, 3),
+        "epp_rss_start_mib": round(before.rss_bytes / 2**20, 1),
+        "epp_rss_end_mib": round(after.rss_bytes / 2**20, 1),
+        "epp_rss_growth_mib": round((after.rss_bytes - before.rss_bytes) / 2**20, 1),
     }
 
 
@@ -235,10 +312,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--hot-requests", type=int, default=2000)
     parser.add_argument("--single-requests", type=int, default=300)
+    parser.add_argument("--pin", action="store_true", help="the EPP on one CPU, everything else on the rest")
+    parser.add_argument(
+        "--skip-soak", action="store_true", help="only the hot-path and one-connection phases"
+    )
     parser.add_argument("--json", type=pathlib.Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if not (0 < args.rate <= 2000 and 0 < args.duration_s <= 3600):
         parser.error("--rate must be in (0, 2000] and --duration-s in (0, 3600]")
+    if not (0 < args.hot_requests <= 1_000_000 and 0 < args.single_requests <= 1_000_000):
+        parser.error("--hot-requests and --single-requests must be in (0, 1000000]")
     results = asyncio.run(run(args))
     text = json.dumps(results, indent=2)
     print(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})
@@ -30,6 +30,8 @@ class Criticality(enum.Enum):
 
 def format_address(ip: str, port: int) -> str:
     """`ip:port`, with IPv6 in brackets as upstream v1.0+ writes it."""
+    if ":" not in ip:  # never IPv6; skips the parse, as this runs for every routed request
+        return f"{ip}:{port}"
     try:
         if ipaddress.ip_address(ip).version == 6:
             return f"[{ip}]:{port}"
@@ -149,13 +151,48 @@ class Metrics:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterState:
+    """A pod's LoRA adapters as its adapter-state sidecar (`epp sidecar`) last pushed them."""
+
+    received_at: float  # Clock time the State arrived
+    registered: frozenset[str] = frozenset()  # what the model server serves now (GET /v1/models)
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    max_lora: int = 0  # 0 = unknown: the scraped value stands
+    version: int = 0  # the sidecar's State.version
+
+
+def with_adapter_state(metrics: Metrics, pushed: AdapterState) -> Metrics:
+    """The scrape with the adapter fields of whichever reading is newer.
+
+    A push newer than the scrape replaces running/waiting adapters and max_lora and moves
+    `updated_at` to its arrival, so consumers that fold a reading once per `updated_at` (the
+    residency model) see it at once. Queue and cache figures always come from the scrape, and
+    a failing scrape still makes the endpoint stale: push state never makes a pod routable.
+    """
+    if pushed.received_at < metrics.updated_at:
+        return metrics
+    return replace(
+        metrics,
+        updated_at=pushed.received_at,
+        lora_enabled=metrics.lora_enabled or pushed.max_lora > 0,
+        max_lora=pushed.max_lora or metrics.max_lora,
+        running_adapters=pushed.running_adapters,
+        waiting_adapters=pushed.waiting_adapters,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointState:
     """An endpoint with its newest metrics, as the scheduler sees it."""
 
     endpoint: Endpoint
-    metrics: Metrics | None = None  # None until the first successful scrape
+    # None until the first successful scrape; with push state up, the merge of both
+    # (`with_adapter_state`).
+    metrics: Metrics | None = None
     scrape_failures: int = 0  # consecutive failures since the last success
     last_error: str = ""
+    adapter_state: AdapterState | None = None  # None while no sidecar stream is up
 
     @property
     def name(self) -> str:

@@ -2,11 +2,13 @@
 
 Header values go in `raw_value` (what Envoy sends and reads) with `OVERWRITE_IF_EXISTS_OR_ADD`,
 so a client-sent copy of a header can never survive beside ours.
+
+Replies that never vary are built once and shared: they are only ever serialized, never edited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -38,8 +40,14 @@ def header_mutation(set_headers: Headers = (), remove_headers: Sequence[str] = (
 def destination_metadata(destination: str) -> struct_pb2.Struct:
     """`{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, byte-identical to the header."""
     metadata = struct_pb2.Struct()
-    metadata.update({wire.LB_METADATA_NAMESPACE: {wire.DESTINATION_ENDPOINT_KEY: destination}})
+    _set_destination(metadata, destination)
     return metadata
+
+
+def _set_destination(metadata: struct_pb2.Struct, destination: str) -> None:
+    # Field by field: `Struct.update` walks a Python dict and costs several times more.
+    namespace = metadata.fields[wire.LB_METADATA_NAMESPACE].struct_value
+    namespace.fields[wire.DESTINATION_ENDPOINT_KEY].string_value = destination
 
 
 def routing_headers(destination: str, body_length: int | None, extra: Headers = ()) -> list[tuple[str, str]]:
@@ -59,12 +67,19 @@ def request_headers_reply(
     clear_route_cache: bool = True,
 ) -> pb.ProcessingResponse:
     """Answer the request-headers message; with a destination, the routing metadata goes with it."""
-    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+    response = pb.ProcessingResponse()
+    common = response.request_headers.response
+    common.clear_route_cache = clear_route_cache
     if set_headers or remove_headers:
-        common.header_mutation.CopyFrom(header_mutation(set_headers, remove_headers))
-    response = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+        mutation = common.header_mutation
+        for name, value in set_headers:
+            option = mutation.set_headers.add()
+            option.header.key = name
+            option.header.raw_value = value.encode()
+            option.append_action = _OVERWRITE
+        mutation.remove_headers.extend(remove_headers)
     if destination is not None:
-        response.dynamic_metadata.CopyFrom(destination_metadata(destination))
+        _set_destination(response.dynamic_metadata, destination)
     return response
 
 
@@ -124,7 +139,7 @@ def buffered_request_body_reply(
     )
 
 
-def response_headers_reply(set_headers: Headers = ()) -> pb.ProcessingResponse:
+def _response_headers_reply(set_headers: Headers) -> pb.ProcessingResponse:
     headers = [(wire.WENT_INTO_RESP_HEADERS, "true"), *set_headers]
     return pb.ProcessingResponse(
         response_headers=pb.HeadersResponse(
@@ -133,16 +148,27 @@ def response_headers_reply(set_headers: Headers = ()) -> pb.ProcessingResponse:
     )
 
 
+_RESPONSE_HEADERS_REPLY = _response_headers_reply(())
+_EMPTY_RESPONSE_BODY_REPLY = pb.ProcessingResponse(response_body=pb.BodyResponse())
+_EMPTY_REQUEST_TRAILERS_REPLY = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+_EMPTY_RESPONSE_TRAILERS_REPLY = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def response_headers_reply(set_headers: Headers = ()) -> pb.ProcessingResponse:
+    """Mark the response as seen by the EPP; without extra headers, one shared message."""
+    return _response_headers_reply(set_headers) if set_headers else _RESPONSE_HEADERS_REPLY
+
+
 def empty_response_body_reply() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+    return _EMPTY_RESPONSE_BODY_REPLY
 
 
 def empty_request_trailers_reply() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    return _EMPTY_REQUEST_TRAILERS_REPLY
 
 
 def empty_response_trailers_reply() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    return _EMPTY_RESPONSE_TRAILERS_REPLY
 
 
 def immediate_error(error: EppError, *, retry_after_s: int | None = None) -> pb.ProcessingResponse:
@@ -167,6 +193,16 @@ def header_map(headers: pb.HttpHeaders | None) -> dict[str, str]:
     for header in headers.headers.headers:
         value = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
         result[header.key.lower()] = value
+    return result
+
+
+def header_values(headers: pb.HttpHeaders, names: Collection[str]) -> dict[str, str]:
+    """`header_map` restricted to the lower-cased `names`: only those values are decoded."""
+    result: dict[str, str] = {}
+    for header in headers.headers.headers:
+        key = header.key.lower()
+        if key in names:
+            result[key] = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
     return result
 
 

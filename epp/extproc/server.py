@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -18,19 +18,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2_grpc
 
 from epp import tls
-from epp.adapters.loader import AdapterLoader
-from epp.clock import Clock
-from epp.director import Director
 from epp.errors import ConfigError
 from epp.extproc import wire
-from epp.extproc.stream import (
-    ProtocolError,
-    StreamHandler,
-    StreamRecord,
-    StreamSettings,
-    UpstreamHeadersFn,
-)
-from epp.observability.logging import bound_request_id
+from epp.extproc.stream import ProtocolError, StreamHandler, StreamOptions
+from epp.observability.logging import bound_request_id, request_id_var
 
 log = logging.getLogger(__name__)
 
@@ -48,49 +39,32 @@ class ListenError(ConfigError):
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """`envoy.service.ext_proc.v3.ExternalProcessor/Process` backed by the director."""
 
-    def __init__(
-        self,
-        director: Director,
-        settings: StreamSettings,
-        *,
-        on_finished: Callable[[StreamRecord], None] | None = None,
-        upstream_headers: UpstreamHeadersFn | None = None,
-        clock: Clock | None = None,
-        loader: AdapterLoader | None = None,
-    ) -> None:
-        self._director = director
-        self._settings = settings
-        self._loader = loader
-        self._on_finished = on_finished
-        self._upstream_headers = upstream_headers
-        self._clock = clock
+    def __init__(self, options: StreamOptions) -> None:
+        self._options = options
 
     async def Process(  # the gRPC method name
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        handler = StreamHandler(
-            self._director,
-            self._settings,
-            on_finished=self._on_finished,
-            upstream_headers=self._upstream_headers,
-            clock=self._clock,
-            loader=self._loader,
-        )
+        handler = StreamHandler(self._options)
         try:
             async for message in _decoded(request_iterator, context):
-                with bound_request_id(handler.request_id or "-"):
-                    try:
-                        await handler.prepare(message)
-                        replies = handler.handle(message)
-                    except ProtocolError as err:
-                        log.warning("ext_proc protocol error", extra={"error": str(err)})
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-                        return
-                    except Exception:  # the one per-request guard: log, answer 500, keep serving
-                        log.exception("unexpected error while routing a request")
-                        replies = handler.fail_internal()
+                # The request id on this message's log lines; set and reset inline (not a
+                # context manager) because it happens for every message.
+                bound = request_id_var.set(handler.request_id or "-")
+                try:
+                    await handler.prepare(message)
+                    replies = handler.handle(message)
+                except ProtocolError as err:
+                    log.warning("ext_proc protocol error", extra={"error": str(err)})
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                    return
+                except Exception:  # the one per-request guard: log, answer 500, keep serving
+                    log.exception("unexpected error while routing a request")
+                    replies = handler.fail_internal()
+                finally:
+                    request_id_var.reset(bound)
                 for reply in replies:
                     yield reply
                 if handler.done:

@@ -85,6 +85,24 @@ class StreamRecord:
 UpstreamHeadersFn = Callable[[str], Sequence[tuple[str, str]]]
 
 
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """What every stream of one server shares: the director, limits and the hooks around a stream."""
+
+    director: Director
+    settings: StreamSettings = StreamSettings()
+    on_finished: Callable[[StreamRecord], None] | None = None
+    upstream_headers: UpstreamHeadersFn | None = None
+    clock: Clock | None = None  # only to time the first response byte (TTFT); None: not timed
+    # On-demand adapter loading: when set, `prepare` picks ahead of `handle` and holds the
+    # stream (only this one) until the picked pod has the request's adapter.
+    loader: AdapterLoader | None = None
+
+
+# The only response headers the stream reads (status for metrics, content type for SSE).
+_RESPONSE_HEADERS_READ = frozenset({":status", "content-type"})
+
+
 class ProtocolError(Exception):
     """A message the ext_proc contract does not allow here; the server ends the stream with a gRPC error."""
 
@@ -92,26 +110,15 @@ class ProtocolError(Exception):
 class StreamHandler:
     """Serves one ext_proc stream. Not thread-safe; lives on the event loop."""
 
-    def __init__(
-        self,
-        director: Director,
-        settings: StreamSettings,
-        *,
-        on_finished: Callable[[StreamRecord], None] | None = None,
-        upstream_headers: UpstreamHeadersFn | None = None,
-        clock: Clock | None = None,
-        loader: AdapterLoader | None = None,
-    ) -> None:
-        self._director = director
-        self._settings = settings
-        # On-demand adapter loading: when set, `prepare` picks ahead of `handle` and holds the
-        # stream (only this one) until the picked pod has the request's adapter.
-        self._loader = loader
+    def __init__(self, options: StreamOptions) -> None:
+        self._director = options.director
+        self._settings = options.settings
+        self._loader = options.loader
         self._prepared: RoutingDecision | None = None
         self._prepared_error: EppError | None = None
-        self._on_finished = on_finished
-        self._upstream_headers = upstream_headers
-        self._clock = clock  # only to time the first response byte (TTFT); None: not timed
+        self._on_finished = options.on_finished
+        self._upstream_headers = options.upstream_headers
+        self._clock = options.clock
         self._first_response_body_at_s: float | None = None
         self._mode: BodyMode | None = None
         self._response_mode: BodyMode | None = None
@@ -244,6 +251,8 @@ class StreamHandler:
         self._response_mode = body_mode_from_proto(config.response_body_mode)
 
     def _read_subset_hint(self, message: pb.ProcessingRequest) -> None:
+        if not message.HasField("metadata_context"):
+            return
         metadata = message.metadata_context.filter_metadata
         served = messages.struct_field(metadata, wire.LB_METADATA_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
         if isinstance(served, str) and served:
@@ -316,32 +325,33 @@ class StreamHandler:
             )
         self._decision = decision
         self._request_done = True
-        log.debug(
-            "request routed",
-            extra={
-                "destination": decision.destination,
-                "model": decision.request.target_model,
-                "reason": decision.result.reason,
-            },
-        )
+        if log.isEnabledFor(logging.DEBUG):  # the fields cost more than the call when it is off
+            log.debug(
+                "request routed",
+                extra={
+                    "destination": decision.destination,
+                    "model": decision.request.target_model,
+                    "reason": decision.result.reason,
+                },
+            )
         return decision
 
     def _route_headers_only(self) -> pb.ProcessingResponse:
         decision = self._route(None)
+        destination = decision.destination
         return messages.request_headers_reply(
-            set_headers=messages.routing_headers(decision.destination, None, self._routed_headers()),
+            set_headers=messages.routing_headers(destination, None, self._routed_headers()),
             remove_headers=self._strip,
-            destination=decision.destination,
+            destination=destination,
         )
 
     def _route_streamed(self) -> list[pb.ProcessingResponse]:
         decision = self._route(bytes(self._body))
+        destination = decision.destination
         headers = messages.request_headers_reply(
-            set_headers=messages.routing_headers(
-                decision.destination, len(decision.body), self._routed_headers()
-            ),
+            set_headers=messages.routing_headers(destination, len(decision.body), self._routed_headers()),
             remove_headers=self._strip,
-            destination=decision.destination,
+            destination=destination,
         )
         return [headers, *messages.chunked_request_body(decision.body)]
 
@@ -363,7 +373,7 @@ class StreamHandler:
     # -- response path ---------------------------------------------------------------------
 
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
-        response_headers = messages.header_map(headers)
+        response_headers = messages.header_values(headers, _RESPONSE_HEADERS_READ)
         try:
             self._status = int(response_headers.get(":status", "200"))
         except ValueError:

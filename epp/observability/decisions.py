@@ -45,13 +45,30 @@ class Decision:
         return entry
 
 
+@dataclass(slots=True)
+class _Slot:
+    """A held decision and the response status that arrived after it.
+
+    Every request sets a status and few decisions are ever read, so the status is kept
+    beside the frozen entry and merged into it only when read.
+    """
+
+    decision: Decision
+    response_status: int | None = None
+
+    def merged(self) -> Decision:
+        if self.response_status == self.decision.response_status:
+            return self.decision
+        return replace(self.decision, response_status=self.response_status)
+
+
 class DecisionLog:
     """The last `capacity` decisions, newest last. Lives on the event loop (not thread-safe)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if not 1 <= capacity <= MAX_CAPACITY:
             raise ValueError(f"decision log capacity must be in 1..{MAX_CAPACITY}, got {capacity}")
-        self._entries: deque[Decision] = deque(maxlen=capacity)
+        self._entries: deque[_Slot] = deque(maxlen=capacity)
 
     @property
     def capacity(self) -> int:
@@ -61,20 +78,21 @@ class DecisionLog:
         return len(self._entries)
 
     def add(self, decision: Decision) -> None:
-        self._entries.append(decision)
+        self._entries.append(_Slot(decision, decision.response_status))
 
     def set_status(self, request_id: str, status: int | None) -> None:
         """Record the response status on the newest entry for `request_id`, if still held."""
-        for index in range(len(self._entries) - 1, -1, -1):
-            entry = self._entries[index]
-            if entry.request_id == request_id:
-                self._entries[index] = replace(entry, response_status=status)
+        for slot in reversed(self._entries):
+            if slot.decision.request_id == request_id:
+                slot.response_status = status
                 return
 
     def recent(self, limit: int | None = None) -> list[Decision]:
         """Newest first, at most `limit` entries."""
-        entries = list(reversed(self._entries))
-        return entries if limit is None else entries[: max(0, limit)]
+        slots = list(reversed(self._entries))
+        if limit is not None:
+            slots = slots[: max(0, limit)]
+        return [slot.merged() for slot in slots]
 
 
 def decisions_route(decisions: DecisionLog, *, path: str = "/debug/decisions") -> web.RouteDef:

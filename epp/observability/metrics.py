@@ -6,13 +6,16 @@ metrics once per scheduling call (`record_decision`, `record_shed`), and the poo
 gauges are read from a datastore snapshot at scrape time by `PoolCollector`, so they are never stale.
 
 Request families are exported twice: `inference_objective_*` (v1.1+) and `inference_model_*`
-(v0.3–v1.0), with the same `model_name` / `target_model_name` labels.
+(v0.3–v1.0), with the same `model_name` / `target_model_name` labels. The hot path writes only the
+first; the second is a copy made at scrape time. `labels(...)` costs more than the increment it
+leads to, so each label set's children are looked up once and kept (`_Children`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -35,6 +38,8 @@ LATENCY_BUCKETS_S = (
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SIZE_BUCKETS_BYTES = tuple(float(2**n) for n in range(6, 31, 2))  # 64 B .. 1 GiB
 TOKEN_BUCKETS = tuple(float(2**n) for n in range(0, 18))  # 1 .. 131072 tokens
+_Family = TypeVar("_Family", Counter, Gauge, Histogram)
+
 DECISION_BUCKETS_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -53,93 +58,105 @@ class RequestOutcome:
     ttft_s: float | None = None  # request arrival to the first response body byte
 
 
+class _Children(Generic[_Family]):
+    """A family's children by label values, each looked up in the family once.
+
+    A child appears in the exposition from its first lookup, so it is looked up only when
+    it is about to be written, as a direct `labels(...)` call would.
+    """
+
+    __slots__ = ("_children", "_family")
+    _family: _Family
+    _children: dict[tuple[str, ...], _Family]
+
+    def __init__(self, family: _Family) -> None:
+        self._family = family
+        self._children = {}
+
+    def __call__(self, *labels: str) -> _Family:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._family.labels(*labels)
+        return child
+
+
 class EppMetrics:
     """Every metric the EPP exports, registered in `registry`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._request_total = [
-            Counter(f"{p}_request_total", "Requests the EPP handled.", MODEL_LABELS, registry=registry)
-            for p in REQUEST_PREFIXES
-        ]
-        self._request_errors = [
-            Counter(
-                f"{p}_request_error_total",
-                "Requests the EPP answered with an error, by error code.",
-                (*MODEL_LABELS, "error_code"),
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._duration = [
-            Histogram(
-                f"{p}_request_duration_seconds",
-                "End-to-end request latency seen by the EPP (arrival to end of response).",
-                MODEL_LABELS,
-                buckets=LATENCY_BUCKETS_S,
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._ttft = [
-            Histogram(
-                f"{p}_request_ttft_seconds",
-                "Time from request arrival to the first response body byte.",
-                MODEL_LABELS,
-                buckets=TTFT_BUCKETS_S,
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._request_sizes = [
-            Histogram(
-                f"{p}_request_sizes",
-                "Request body size in bytes.",
-                MODEL_LABELS,
-                buckets=SIZE_BUCKETS_BYTES,
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._response_sizes = [
-            Histogram(
-                f"{p}_response_sizes",
-                "Response body size in bytes.",
-                MODEL_LABELS,
-                buckets=SIZE_BUCKETS_BYTES,
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._input_tokens = [
-            Histogram(
-                f"{p}_input_tokens",
-                "Prompt tokens, from the response's usage.",
-                MODEL_LABELS,
-                buckets=TOKEN_BUCKETS,
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._output_tokens = [
-            Histogram(
-                f"{p}_output_tokens",
-                "Completion tokens, from the response's usage.",
-                MODEL_LABELS,
-                buckets=TOKEN_BUCKETS,
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
-        self._running = [
-            Gauge(
-                f"{p}_running_requests",
-                "Requests routed and not yet finished.",
-                ("model_name",),
-                registry=registry,
-            )
-            for p in REQUEST_PREFIXES
-        ]
+        prefix = REQUEST_PREFIXES[0]
+        # Only the first prefix is written; `_PrefixMirror` exports the same series under the others.
+        self._request_total = Counter(
+            f"{prefix}_request_total", "Requests the EPP handled.", MODEL_LABELS, registry=registry
+        )
+        self._request_errors = Counter(
+            f"{prefix}_request_error_total",
+            "Requests the EPP answered with an error, by error code.",
+            (*MODEL_LABELS, "error_code"),
+            registry=registry,
+        )
+        self._duration = Histogram(
+            f"{prefix}_request_duration_seconds",
+            "End-to-end request latency seen by the EPP (arrival to end of response).",
+            MODEL_LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self._ttft = Histogram(
+            f"{prefix}_request_ttft_seconds",
+            "Time from request arrival to the first response body byte.",
+            MODEL_LABELS,
+            buckets=TTFT_BUCKETS_S,
+            registry=registry,
+        )
+        self._request_sizes = Histogram(
+            f"{prefix}_request_sizes",
+            "Request body size in bytes.",
+            MODEL_LABELS,
+            buckets=SIZE_BUCKETS_BYTES,
+            registry=registry,
+        )
+        self._response_sizes = Histogram(
+            f"{prefix}_response_sizes",
+            "Response body size in bytes.",
+            MODEL_LABELS,
+            buckets=SIZE_BUCKETS_BYTES,
+            registry=registry,
+        )
+        self._input_tokens = Histogram(
+            f"{prefix}_input_tokens",
+            "Prompt tokens, from the response's usage.",
+            MODEL_LABELS,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self._output_tokens = Histogram(
+            f"{prefix}_output_tokens",
+            "Completion tokens, from the response's usage.",
+            MODEL_LABELS,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self._running = Gauge(
+            f"{prefix}_running_requests",
+            "Requests routed and not yet finished.",
+            ("model_name",),
+            registry=registry,
+        )
+        request_families = (
+            self._request_total,
+            self._request_errors,
+            self._duration,
+            self._ttft,
+            self._request_sizes,
+            self._response_sizes,
+            self._input_tokens,
+            self._output_tokens,
+            self._running,
+        )
+        for other in REQUEST_PREFIXES[1:]:
+            registry.register(_PrefixMirror(request_families, prefix, other))
         self._decision_duration = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Time the scheduler took to pick endpoints for one request.",
@@ -164,45 +181,53 @@ class EppMetrics:
             ("criticality",),
             registry=registry,
         )
+        self._total_of = _Children(self._request_total)
+        self._errors_of = _Children(self._request_errors)
+        self._request_sizes_of = _Children(self._request_sizes)
+        self._response_sizes_of = _Children(self._response_sizes)
+        self._input_tokens_of = _Children(self._input_tokens)
+        self._output_tokens_of = _Children(self._output_tokens)
+        self._duration_of = _Children(self._duration)
+        self._ttft_of = _Children(self._ttft)
+        self._running_of = _Children(self._running)
+        self._picks_of = _Children(self._picks)
+        self._adapter_of = _Children(self._adapter)
 
     # -- request path ----------------------------------------------------------------------
 
     def record_stream(self, outcome: RequestOutcome) -> None:
         """One finished ext_proc stream: totals, errors, sizes, tokens and latencies."""
         labels = (outcome.model_name, outcome.target_model_name)
-        for index in range(len(REQUEST_PREFIXES)):
-            self._request_total[index].labels(*labels).inc()
-            if outcome.error is not None:
-                self._request_errors[index].labels(*labels, outcome.error.code.wire_name).inc()
-            self._request_sizes[index].labels(*labels).observe(outcome.request_body_bytes)
-            if outcome.error is None:
-                self._response_sizes[index].labels(*labels).observe(outcome.response_body_bytes)
-            if outcome.prompt_tokens:
-                self._input_tokens[index].labels(*labels).observe(outcome.prompt_tokens)
-            if outcome.completion_tokens:
-                self._output_tokens[index].labels(*labels).observe(outcome.completion_tokens)
-            if outcome.duration_s is not None:
-                self._duration[index].labels(*labels).observe(max(0.0, outcome.duration_s))
-            if outcome.ttft_s is not None:
-                self._ttft[index].labels(*labels).observe(max(0.0, outcome.ttft_s))
+        self._total_of(*labels).inc()
+        if outcome.error is not None:
+            self._errors_of(*labels, outcome.error.code.wire_name).inc()
+        self._request_sizes_of(*labels).observe(outcome.request_body_bytes)
+        if outcome.error is None:
+            self._response_sizes_of(*labels).observe(outcome.response_body_bytes)
+        if outcome.prompt_tokens:
+            self._input_tokens_of(*labels).observe(outcome.prompt_tokens)
+        if outcome.completion_tokens:
+            self._output_tokens_of(*labels).observe(outcome.completion_tokens)
+        if outcome.duration_s is not None:
+            self._duration_of(*labels).observe(max(0.0, outcome.duration_s))
+        if outcome.ttft_s is not None:
+            self._ttft_of(*labels).observe(max(0.0, outcome.ttft_s))
 
     def request_started(self, model_name: str) -> None:
-        for gauge in self._running:
-            gauge.labels(model_name).inc()
+        self._running_of(model_name).inc()
 
     def request_finished(self, model_name: str) -> None:
-        for gauge in self._running:
-            gauge.labels(model_name).dec()
+        self._running_of(model_name).dec()
 
     # -- decisions -------------------------------------------------------------------------
 
     def record_decision(self, request: LLMRequest, result: SchedulingResult, duration_s: float) -> None:
         """One scheduling call that picked endpoints."""
         self._decision_duration.observe(max(0.0, duration_s))
-        self._picks.labels(result.profile, result.reason or "unspecified").inc()
+        self._picks_of(result.profile, result.reason or "unspecified").inc()
         hit = adapter_hit(request, result)
         if hit is not None:
-            self._adapter.labels("hit" if hit else "miss").inc()
+            self._adapter_of("hit" if hit else "miss").inc()
 
     def record_scheduling_failure(self, duration_s: float) -> None:
         """A scheduling call that raised (no endpoint could serve): still a timed decision."""
@@ -228,6 +253,35 @@ def adapter_hit(request: LLMRequest, result: SchedulingResult) -> bool | None:
     if not metrics.lora_enabled and metrics.served_model_name is None:
         return None
     return request.target_model in metrics.active_adapters
+
+
+class _PrefixMirror(Collector):
+    """The request families again under another name prefix, read at scrape time.
+
+    One write per request instead of one per prefix; both names always show the same values.
+    """
+
+    def __init__(
+        self, families: tuple[Counter | Gauge | Histogram, ...], prefix: str, mirror_prefix: str
+    ) -> None:
+        self._families = families
+        self._prefix = prefix
+        self._mirror_prefix = mirror_prefix
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # unchecked collector: the names are checked on the written families
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._families:
+            for metric in family.collect():
+                mirror = Metric(self._renamed(metric.name), metric.documentation, metric.type, metric.unit)
+                mirror.samples = [
+                    sample._replace(name=self._renamed(sample.name)) for sample in metric.samples
+                ]
+                yield mirror
+
+    def _renamed(self, name: str) -> str:
+        return self._mirror_prefix + name.removeprefix(self._prefix)
 
 
 class PoolCollector(Collector):

@@ -53,6 +53,8 @@ class Observer:
         self.decisions = decisions
         self._clock = clock
         self._tracer = tracer if tracer is not None else NoOpTracer()
+        # Tracing off: no span, no trace-context parsing, no attributes (they would be dropped).
+        self._tracing = not isinstance(self._tracer, NoOpTracer)
         self._open: dict[str, _Open] = {}
 
     def observe_scheduler(self, scheduler: Scheduler) -> Scheduler:
@@ -139,16 +141,20 @@ class Observer:
         state.streams += 1
         return state
 
-    def _start_span(self, request: LLMRequest, candidates: Sequence[EndpointState]) -> Span:
+    def _start_span(self, request: LLMRequest, candidate_names: Sequence[str]) -> Span | None:
+        """The decision span, or None when tracing is off."""
+        if not self._tracing:
+            return None
         span = self._tracer.start_span(tracing.DECISION_SPAN, context=tracing.parent_context(request.headers))
-        tracing.set_decision_attributes(
-            span,
-            request_id=request.request_id,
-            model=request.incoming_model,
-            target_model=request.target_model,
-            criticality=request.criticality.value,
-            candidates=[c.name for c in candidates],
-        )
+        if span.is_recording():
+            tracing.set_decision_attributes(
+                span,
+                request_id=request.request_id,
+                model=request.incoming_model,
+                target_model=request.target_model,
+                criticality=request.criticality.value,
+                candidates=candidate_names,
+            )
         return span
 
     def _refused(
@@ -160,9 +166,12 @@ class Observer:
         outcome: str,
         duration_s: float,
     ) -> None:
-        span = self._start_span(request, candidates)
-        tracing.set_refusal_attributes(span, error_code=err.code.wire_name, reason=err.reason or "")
-        span.end()
+        names = tuple(c.name for c in candidates)
+        span = self._start_span(request, names)
+        if span is not None:
+            if span.is_recording():
+                tracing.set_refusal_attributes(span, error_code=err.code.wire_name, reason=err.reason or "")
+            span.end()
         state = self._state(request.request_id)
         state.logged = True
         state.models = (request.incoming_model, request.target_model)
@@ -174,7 +183,7 @@ class Observer:
                 target_model=request.target_model,
                 criticality=request.criticality.value,
                 outcome=outcome,
-                candidates=tuple(c.name for c in candidates),
+                candidates=names,
                 reason=err.reason or "",
                 duration_s=duration_s,
                 error_code=err.code.wire_name,
@@ -188,20 +197,23 @@ class Observer:
         result: SchedulingResult,
         duration_s: float,
     ) -> None:
-        span = self._start_span(request, candidates)
+        names = tuple(c.name for c in candidates)
+        span = self._start_span(request, names)
         chosen = tuple(state.address for state in result.endpoints)
-        tracing.set_result_attributes(
-            span,
-            chosen=chosen,
-            profile=result.profile,
-            reason=result.reason,
-            scores=result.scores,
-            total_scores=result.total_scores,
-        )
         state = self._state(request.request_id)
-        state.trace_headers = tracing.traceparent_headers(span)
         state.logged = True
-        span.end()
+        if span is not None:
+            if span.is_recording():
+                tracing.set_result_attributes(
+                    span,
+                    chosen=chosen,
+                    profile=result.profile,
+                    reason=result.reason,
+                    scores=result.scores,
+                    total_scores=result.total_scores,
+                )
+            state.trace_headers = tracing.traceparent_headers(span)
+            span.end()
         self.metrics.record_decision(request, result, duration_s)
         self.decisions.add(
             Decision(
@@ -211,7 +223,7 @@ class Observer:
                 target_model=request.target_model,
                 criticality=request.criticality.value,
                 outcome="routed",
-                candidates=tuple(c.name for c in candidates),
+                candidates=names,
                 chosen=chosen,
                 profile=result.profile,
                 reason=result.reason,

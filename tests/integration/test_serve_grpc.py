@@ -34,7 +34,7 @@ from epp.config import ServeSettings
 from epp.datastore.types import EndpointState, Snapshot
 from epp.director import Director
 from epp.extproc.server import ExternalProcessor, build_ext_proc_server
-from epp.extproc.stream import StreamSettings
+from epp.extproc.stream import StreamOptions
 from epp.observability.health import Health, build_health_server
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
@@ -494,7 +494,7 @@ class ExplodingScheduler(FakeScheduler):
 
 async def test_unexpected_error_is_500_and_a_stalled_peer_blocks_no_one() -> None:
     director = Director(pool_datastore(), ExplodingScheduler(), clock=SystemClock())
-    processor = ExternalProcessor(director, StreamSettings())
+    processor = ExternalProcessor(StreamOptions(director))
     server, port = build_ext_proc_server(processor, host="127.0.0.1", port=0, credentials=None)
     await server.start()
     try:

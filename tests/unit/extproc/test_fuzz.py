@@ -25,7 +25,14 @@ from hypothesis import strategies as st
 from epp.clock import FakeClock
 from epp.director import Director
 from epp.extproc.server import ExternalProcessor, build_ext_proc_server
-from epp.extproc.stream import BodyMode, ProtocolError, StreamHandler, StreamRecord, StreamSettings
+from epp.extproc.stream import (
+    BodyMode,
+    ProtocolError,
+    StreamHandler,
+    StreamOptions,
+    StreamRecord,
+    StreamSettings,
+)
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 Mode = processing_mode_pb2.ProcessingMode
@@ -127,7 +134,7 @@ streams = st.one_of(st.lists(messages(), min_size=1, max_size=8), plausible_stre
 
 def new_handler(records: list[StreamRecord]) -> StreamHandler:
     director = Director(pool_datastore(), FakeScheduler(), clock=FakeClock(), rng=random.Random(0))
-    return StreamHandler(director, SETTINGS, on_finished=records.append)
+    return StreamHandler(StreamOptions(director, SETTINGS, on_finished=records.append))
 
 
 def check_replies(replies: list[pb.ProcessingResponse], handler: StreamHandler) -> None:
@@ -230,7 +237,7 @@ class ServerThread:
 
     async def _serve(self) -> None:
         director = Director(pool_datastore(), FakeScheduler(), clock=FakeClock(), rng=random.Random(0))
-        processor = ExternalProcessor(director, SETTINGS)
+        processor = ExternalProcessor(StreamOptions(director, SETTINGS))
         server, self.port = build_ext_proc_server(processor, host="127.0.0.1", port=0, credentials=None)
         await server.start()
         self._stop = asyncio.Event()

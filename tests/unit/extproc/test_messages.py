@@ -178,3 +178,51 @@ def test_header_map_prefers_raw_value_and_lowercases() -> None:
         )
     )
     assert messages.header_map(headers) == {"x-request-id": "abc", "content-type": "application/json"}
+
+
+def test_header_values_reads_only_the_names_asked_for() -> None:
+    headers = pb.HttpHeaders(
+        headers=base_pb2.HeaderMap(
+            headers=[
+                base_pb2.HeaderValue(key=":status", raw_value=b"503"),
+                base_pb2.HeaderValue(key="Content-Type", value="text/event-stream"),
+                base_pb2.HeaderValue(key="x-other", raw_value=b"ignored"),
+                base_pb2.HeaderValue(key=":status", raw_value=b"200"),  # a repeated name keeps the last
+            ]
+        )
+    )
+    got = messages.header_values(headers, frozenset({":status", "content-type"}))
+    assert got == {":status": "200", "content-type": "text/event-stream"}
+
+
+def test_request_headers_reply_matches_the_message_built_from_parts() -> None:
+    got = messages.request_headers_reply(
+        set_headers=[("x-gateway-destination-endpoint", "10.0.0.1:8000")],
+        remove_headers=["x-gateway-destination-endpoint-served"],
+        destination="10.0.0.1:8000",
+    )
+    want = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(
+                clear_route_cache=True,
+                header_mutation=pb.HeaderMutation(
+                    set_headers=[option("x-gateway-destination-endpoint", "10.0.0.1:8000")],
+                    remove_headers=["x-gateway-destination-endpoint-served"],
+                ),
+            )
+        ),
+        dynamic_metadata=lb_metadata("10.0.0.1:8000"),
+    )
+    assert got == want
+    assert messages.destination_metadata("10.0.0.1:8000") == lb_metadata("10.0.0.1:8000")
+
+
+def test_response_headers_reply_with_extra_headers_keeps_the_shared_reply_unchanged() -> None:
+    plain = pb.ProcessingResponse()
+    plain.CopyFrom(messages.response_headers_reply())
+    extra = messages.response_headers_reply([("x-extra", "1")])
+    assert [h.header.key for h in extra.response_headers.response.header_mutation.set_headers] == [
+        "x-went-into-resp-headers",
+        "x-extra",
+    ]
+    assert messages.response_headers_reply() == plain

@@ -17,6 +17,7 @@ from epp.extproc.stream import (
     BodyMode,
     ProtocolError,
     StreamHandler,
+    StreamOptions,
     StreamRecord,
     StreamSettings,
     Usage,
@@ -116,13 +117,15 @@ class Harness:
         director = Director(pool_datastore(pod_ips), self.scheduler, clock=FakeClock(), rng=random.Random(1))
         self.records: list[StreamRecord] = []
         self.handler = StreamHandler(
-            director,
-            StreamSettings(
-                default_body_mode=mode,
-                max_request_body_bytes=max_request_body_bytes,
-                max_header_bytes=max_header_bytes,
-            ),
-            on_finished=self.records.append,
+            StreamOptions(
+                director,
+                StreamSettings(
+                    default_body_mode=mode,
+                    max_request_body_bytes=max_request_body_bytes,
+                    max_header_bytes=max_header_bytes,
+                ),
+                on_finished=self.records.append,
+            )
         )
 
     def send(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:

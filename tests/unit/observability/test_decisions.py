@@ -74,3 +74,13 @@ def test_status_lands_on_the_newest_entry_for_the_request() -> None:
     log.set_status("r1", 503)
     log.set_status("gone", 200)
     assert [d.response_status for d in log.recent()] == [503]
+
+
+def test_status_shows_on_entries_read_before_and_after_it_is_set() -> None:
+    log = DecisionLog()
+    log.add(decision(1))
+    before = log.recent()
+    log.set_status("r1", 200)
+    assert before[0].response_status is None  # entries handed out are frozen values
+    assert log.recent()[0].response_status == 200
+    assert log.recent()[0].to_json()["response_status"] == 200

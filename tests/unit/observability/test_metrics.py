@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.clock import FakeClock
 from epp.datastore.types import Endpoint, EndpointState, Metrics
-from epp.observability.metrics import EppMetrics, PoolCollector, adapter_hit
+from epp.errors import EppError, ErrorCode
+from epp.observability.metrics import EppMetrics, PoolCollector, RequestOutcome, adapter_hit
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from tests.unit.fake_scheduler import pool_datastore
 
@@ -86,3 +87,33 @@ LORA = dict(lora_enabled=True, max_lora=2, served_model_name="base")
 def test_adapter_hit(target: str, metrics: Metrics | None, expected: bool | None) -> None:
     request = LLMRequest(request_id="r", incoming_model=target, target_model=target)
     assert adapter_hit(request, SchedulingResult(endpoints=(state(metrics),))) is expected
+
+
+def test_both_request_prefixes_report_the_same_values() -> None:
+    registry = CollectorRegistry()
+    metrics = EppMetrics(registry)
+    metrics.record_stream(RequestOutcome("m", "a1", None, 100, 300, prompt_tokens=5, duration_s=0.2))
+    metrics.record_stream(
+        RequestOutcome("m", "a1", EppError(ErrorCode.BAD_REQUEST, "bad", reason="bad-json"), 10, 0)
+    )
+    metrics.request_started("a1")
+    labels = {"model_name": "m", "target_model_name": "a1"}
+    for prefix in ("inference_objective", "inference_model"):
+        assert registry.get_sample_value(f"{prefix}_request_total", labels) == 2
+        errors = {**labels, "error_code": "BadRequest"}
+        assert registry.get_sample_value(f"{prefix}_request_error_total", errors) == 1
+        assert registry.get_sample_value(f"{prefix}_request_sizes_sum", labels) == 110
+        assert registry.get_sample_value(f"{prefix}_input_tokens_count", labels) == 1
+        assert registry.get_sample_value(f"{prefix}_running_requests", {"model_name": "a1"}) == 1
+    text = generate_latest(registry).decode()
+    assert "# TYPE inference_model_request_duration_seconds histogram" in text
+
+
+def test_a_series_appears_only_once_it_is_written() -> None:
+    registry = CollectorRegistry()
+    metrics = EppMetrics(registry)
+    metrics.record_stream(RequestOutcome("m", "a1", None, 100, 300))
+    text = generate_latest(registry).decode()
+    assert 'inference_objective_request_sizes_count{model_name="m",target_model_name="a1"} 1.0' in text
+    assert "inference_objective_input_tokens_count{" not in text  # no usage: no token series
+    assert "inference_model_request_ttft_seconds_count{" not in text

@@ -18,7 +18,7 @@ from epp.clock import FakeClock
 from epp.datastore.types import Criticality, EndpointState, Snapshot
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
-from epp.extproc.stream import StreamHandler, StreamSettings
+from epp.extproc.stream import StreamHandler, StreamOptions
 from epp.observability.decisions import DecisionLog
 from epp.observability.metrics import EppMetrics
 from epp.observability.observer import Observer
@@ -67,7 +67,7 @@ class Harness:
         advance_s: float = 0.25,
     ) -> StreamHandler:
         handler = StreamHandler(
-            self.director, StreamSettings(), on_finished=self.observer.on_finished, clock=self.clock
+            StreamOptions(self.director, on_finished=self.observer.on_finished, clock=self.clock)
         )
         all_headers = {":method": "POST", "x-request-id": request_id, **(headers or {})}
         handler.handle(
@@ -199,7 +199,7 @@ def test_the_decision_span_joins_the_callers_trace_and_carries_scores() -> None:
 
 def test_trace_headers_name_the_decision_span_while_the_request_is_open() -> None:
     h = Harness()
-    handler = StreamHandler(h.director, StreamSettings(), on_finished=h.observer.on_finished)
+    handler = StreamHandler(StreamOptions(h.director, on_finished=h.observer.on_finished))
     h.director.route(request_id="open", headers={"traceparent": TRACEPARENT}, body=b'{"model":"m"}')
     [(name, value)] = h.observer.trace_headers("open")
     span = h.exporter.get_finished_spans()[0]
@@ -227,7 +227,7 @@ def test_streams_sharing_a_client_request_id_are_each_accounted() -> None:
     h = Harness()
     handlers = []
     for _ in range(2):
-        handler = StreamHandler(h.director, StreamSettings(), on_finished=h.observer.on_finished)
+        handler = StreamHandler(StreamOptions(h.director, on_finished=h.observer.on_finished))
         handler.handle(
             pb.ProcessingRequest(
                 request_headers=pb.HttpHeaders(
