@@ -1,6 +1,7 @@
 """Decision time of a scheduling policy across pool sizes and adapter counts, and its memory.
 
 Run:  .venv/bin/python benchmarks/decision_time.py [--policy default] [--decisions 2000] [--warmup 5000]
+      [--endpoints 10,100,1000] [--adapters 10,100,1000] [--memory=false]
 
 For endpoints {10, 100, 1000} × adapters {10, 100, 1000}: warm the scheduler's state
 (residency, prefix index, in-flight) with routed requests, then time `schedule` alone
@@ -96,11 +97,36 @@ def p99(values: list[float]) -> float:
     return sorted(values)[int(len(values) * 0.99) - 1]
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
+    return sizes
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="default", choices=POLICY_NAMES)
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=5000)
+    parser.add_argument(
+        "--endpoints", type=_sizes, default=(10, 100, 1000), help="comma-separated pool sizes"
+    )
+    parser.add_argument(
+        "--adapters", type=_sizes, default=(10, 100, 1000), help="comma-separated adapter counts"
+    )
+    parser.add_argument("--memory", type=_flag, default=True, help="also measure memory at 1000 × 1000")
     args = parser.parse_args()
     now = 1000.0
     print(f"policy={args.policy} decisions={args.decisions} warmup={args.warmup}")
@@ -108,8 +134,8 @@ def main() -> int:
         f"{'endpoints':>9} {'adapters':>8} {'schedule p50 µs':>16} {'p99 µs':>8}"
         f" {'+routed p50 µs':>15} {'p99 µs':>8} {'schedule CPU p50 µs':>20}"
     )
-    for n_endpoints in (10, 100, 1000):
-        for n_adapters in (10, 100, 1000):
+    for n_endpoints in args.endpoints:
+        for n_adapters in args.adapters:
             rng = random.Random(1)
             pool = make_pool(n_endpoints, n_adapters, rng, now)
             scheduler = build_scheduler(policy=args.policy, seed=1)
@@ -119,6 +145,8 @@ def main() -> int:
                 f"{n_endpoints:>9} {n_adapters:>8} {statistics.median(sched):>16.1f} {p99(sched):>8.1f}"
                 f" {statistics.median(full):>15.1f} {p99(full):>8.1f} {statistics.median(cpu):>20.1f}"
             )
+    if not args.memory:
+        return 0
     rng = random.Random(2)
     pool = make_pool(1000, 1000, rng, now)
     tracemalloc.start()

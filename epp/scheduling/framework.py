@@ -10,6 +10,8 @@ Plugins are pure and synchronous; time is `ctx.now`.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -114,12 +116,14 @@ class Profile:
             scores = weighted.scorer.score(ctx, endpoints)
             if timing:
                 timing.observe("scorer", weighted.scorer.name, timing.clock_s() - start)
+            if len(scores) != len(totals):
+                raise ValueError(f"scorer {weighted.scorer.name} returned {len(scores)} scores")
+            # Clamp (NaN counts as 0): a scorer bug must not let one plugin outweigh the rest.
+            # Checked with builtins first; the per-score pass runs only for a misbehaving scorer.
+            if scores and not (min(scores) >= 0.0 and max(scores) <= 1.0 and not math.isnan(sum(scores))):
+                scores = [s if 0.0 <= s <= 1.0 else (1.0 if s > 1.0 else 0.0) for s in scores]
             w = weighted.weight
-            # Clamp: a scorer bug must not let one plugin outweigh the rest.
-            totals = [
-                t + w * (s if 0.0 <= s <= 1.0 else (0.0 if s < 0.0 else 1.0))
-                for t, s in zip(totals, scores, strict=True)
-            ]
+            totals = [t + w * s for t, s in zip(totals, scores)]  # noqa: B905  # lengths checked above
             per_scorer.append((weighted.scorer.name, scores))
         start = timing.clock_s() if timing else 0.0
         order = self.picker.pick(ctx, endpoints, totals)
@@ -201,23 +205,22 @@ class ProfileScheduler:
         return self.profile.run(ctx, list(usable), self._timing)
 
     def _sample(self, request: LLMRequest, view: _FreshView) -> list[EndpointState]:
-        """The adapter's homes among the usable endpoints plus a seeded random sample of the rest.
+        """At most `max_scored_endpoints`: the adapter's homes (up to three quarters of them,
+        a random subset when there are more) plus a random sample of the other endpoints.
 
-        O(homes + sample), not O(pool): the big pool is only indexed, never walked.
+        The others always get a quarter or more, so spill-over and free slots stay in view for
+        an adapter with many homes. O(homes + sample), not O(pool): the pool is only indexed.
         """
         rng = self.state.rng
-        homes = self.state.residency.homes(request.target_model)
+        residency = self.state.residency
         by_name = view.by_name
-        keep = [by_name[h] for h in sorted(homes) if h in by_name]
-        if len(keep) > self._max_scored:  # a popular adapter with many homes: any of them will do
-            keep = rng.sample(keep, self._max_scored)
-        room = max(self._max_scored - len(keep), self._max_scored // 2)
-        kept = {e.endpoint.name for e in keep}
-        extra = [
-            e
-            for e in rng.sample(view.fresh, min(len(view.fresh), room + len(keep)))
-            if e.endpoint.name not in kept
-        ]
+        keep = [by_name[h] for h in residency.sorted_homes(request.target_model) if h in by_name]
+        home_cap = self._max_scored - self._max_scored // 4
+        if len(keep) > home_cap:
+            keep = rng.sample(keep, home_cap)
+        room = self._max_scored - len(keep)
+        homes = residency.homes(request.target_model)
+        extra = [e for e in view.window(rng, room + len(keep)) if e.endpoint.name not in homes]
         return keep + extra[:room]
 
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
@@ -256,6 +259,21 @@ class _FreshView:
     by_name: dict[str, EndpointState]
     valid_until: float
     built_at: float
+    # `fresh` in a random order, twice over, made on first use: a decision's sample is a window
+    # at a random offset, so each endpoint is equally likely to be drawn at one RNG call per
+    # decision rather than one per endpoint drawn.
+    _shuffled: list[list[EndpointState]] = field(default_factory=list)
+
+    def window(self, rng: random.Random, size: int) -> list[EndpointState]:
+        """`size` distinct fresh endpoints (all of them when there are no more) in random order."""
+        n = len(self.fresh)
+        if size >= n:
+            return self.fresh
+        if not self._shuffled:
+            order = rng.sample(self.fresh, n)
+            self._shuffled.append(order + order)
+        start = rng.randrange(n)
+        return self._shuffled[0][start : start + size]
 
     @classmethod
     def build(

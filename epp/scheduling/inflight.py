@@ -31,6 +31,9 @@ class InflightTracker:
         self._by_endpoint: dict[str, dict[str, float]] = {}
         self._adapters: dict[str, dict[str, int]] = {}
         self._versions: dict[str, int] = {}  # endpoint -> bumped on every add/remove there
+        # endpoint -> (since_s, version, count): every decision asks each candidate for the count
+        # since its last scrape, and between two scrapes only the pods routed to change.
+        self._since: dict[str, tuple[float, int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._by_request)
@@ -77,11 +80,16 @@ class InflightTracker:
         requests = self._by_endpoint.get(endpoint)
         if not requests:
             return 0
+        version = self._versions.get(endpoint, 0)
+        cached = self._since.get(endpoint)
+        if cached is not None and cached[0] == since_s and cached[1] == version:
+            return cached[2]
         n = 0
         for routed_at in reversed(requests.values()):
             if routed_at <= since_s:
                 break
             n += 1
+        self._since[endpoint] = (since_s, version, n)
         return n
 
     def version(self, endpoint: str) -> int:
@@ -92,6 +100,7 @@ class InflightTracker:
         """Drop the version counters of endpoints not in `keep` that hold nothing in flight."""
         for endpoint in [e for e in self._versions if e not in keep and e not in self._by_endpoint]:
             del self._versions[endpoint]
+            self._since.pop(endpoint, None)
 
     def adapter_count(self, endpoint: str, adapter: str) -> int:
         per_adapter = self._adapters.get(endpoint)

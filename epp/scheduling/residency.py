@@ -68,6 +68,7 @@ class ResidencyModel:
         self.params = params or ResidencyParams()
         self._pods: dict[str, PodResidency] = {}
         self._homes: dict[str, set[str]] = {}
+        self._sorted_homes: dict[str, tuple[str, ...]] = {}  # cache of sorted(_homes[a]), dropped on change
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -83,6 +84,16 @@ class ResidencyModel:
     def homes(self, adapter: str) -> frozenset[str] | set[str]:
         """Pods modelled as holding `adapter` in a GPU slot (do not mutate)."""
         return self._homes.get(adapter, _NO_HOMES)
+
+    def sorted_homes(self, adapter: str) -> tuple[str, ...]:
+        """`homes(adapter)` in name order (set order varies with the hash seed), cached until it changes."""
+        cached = self._sorted_homes.get(adapter)
+        if cached is None:
+            homes = self._homes.get(adapter)
+            if not homes:
+                return ()
+            cached = self._sorted_homes[adapter] = tuple(sorted(homes))
+        return cached
 
     def _pod_for(self, endpoint: str, slots: int | None = None) -> PodResidency:
         pod = self._pods.get(endpoint)
@@ -205,7 +216,10 @@ class ResidencyModel:
         pod.gpu[adapter] = 1.0
         pod.gpu.move_to_end(adapter)
         pod.cpu.pop(adapter, None)
-        self._homes.setdefault(adapter, set()).add(endpoint)
+        homes = self._homes.setdefault(adapter, set())
+        if endpoint not in homes:
+            homes.add(endpoint)
+            self._sorted_homes.pop(adapter, None)
 
     def _trim(self, endpoint: str, pod: PodResidency, keep: str | None) -> None:
         pod.version += 1
@@ -237,8 +251,9 @@ class ResidencyModel:
 
     def _drop_home(self, adapter: str, endpoint: str) -> None:
         homes = self._homes.get(adapter)
-        if homes is not None:
+        if homes is not None and endpoint in homes:
             homes.discard(endpoint)
+            self._sorted_homes.pop(adapter, None)
             if not homes:
                 del self._homes[adapter]
 

@@ -75,58 +75,65 @@ class AdapterAffinityScorer:
         target_rate = popularity.rate(adapter, now)
         default_slots = residency.params.default_max_lora
         pods = residency.pods
+        get_pod = pods.get
+        adapter_count = inflight.adapter_count
+        drain_after_s = self.drain_after_s
         reasons = ctx.reasons
         out: list[float] = []
+        append = out.append
         for i, e in enumerate(endpoints):
             name = e.endpoint.name
             m = e.metrics
             if m is not None and not m.lora_enabled and m.max_lora == 0:
                 # Scraped without the LoRA family: this pod serves no adapters.
-                out.append(0.0)
+                append(0.0)
                 reasons[name] = "no-lora"
                 continue
-            pod = pods.get(name)
+            pod = get_pod(name)
             # Our routing and every scrape put an in-flight adapter into its pod's GPU set, and
             # an adapter with requests in flight is never evicted: so homes ⊇ active pods.
-            if name in homes and pod is not None:
-                is_active = adapter in pod.observed_active or inflight.adapter_count(name, adapter) > 0
-                if adapter == residency.drain_target(name, pod, now, self.drain_after_s):
-                    out.append(self.draining_home)
+            if pod is not None and name in homes:
+                # Only a pod with a slot waiter or deferred requests can be draining.
+                if (pod.waiters or pod.deferred_since is not None) and adapter == residency.drain_target(
+                    name, pod, now, drain_after_s
+                ):
+                    append(self.draining_home)
                     reasons[name] = "draining-home"
                 elif loads[i] > spill_above:
-                    out.append(self.saturated_home)
+                    append(self.saturated_home)
                     reasons[name] = "saturated-home"
-                elif is_active:
-                    out.append(self.active)
+                elif adapter in pod.observed_active or adapter_count(name, adapter) > 0:
+                    append(self.active)
                     reasons[name] = "adapter-active"
                 else:
                     conf = pod.gpu.get(adapter, 1.0)
-                    out.append(self.free_slot + (self.resident - self.free_slot) * conf)
+                    append(self.free_slot + (self.resident - self.free_slot) * conf)
                     reasons[name] = "adapter-resident"
                 continue
             deferred = m is not None and m.deferred_requests > 0
-            free = (
-                pod.free_slots() if pod is not None else (m.max_lora if m and m.max_lora else default_slots)
-            )
+            if pod is not None:
+                free = pod.slots - len(pod.gpu)
+            else:
+                free = m.max_lora if m and m.max_lora else default_slots
             if free > 0 and not deferred:
-                out.append(free_score)
+                append(free_score)
                 reasons[name] = "free-slot"
                 continue
             victim = residency.victim(name, pod) if pod is not None else None
             if victim is None:
-                out.append(0.0)  # every slot is busy: the request would wait for one
+                append(0.0)  # every slot is busy: the request would wait for one
                 reasons[name] = "slot-wait"
                 continue
             victim_rate = popularity.rate(victim, now)
             victim_homes = residency.homes(victim)
             if len(victim_homes) <= 1 and victim_rate > self.protect_ratio * (target_rate + 1.0):
-                out.append(0.0)  # never evict a hotter adapter's only home for a colder one
+                append(0.0)  # never evict a hotter adapter's only home for a colder one
                 reasons[name] = "evict-protected"
                 continue
             coldness = (target_rate + 1.0) / (target_rate + victim_rate + 2.0)
             value = self.evict * coldness
             if pod is not None and adapter in pod.cpu:
                 value = min(self.evict, value + self.cpu_tier_bonus)
-            out.append(value)
+            append(value)
             reasons[name] = "evict"
         return out

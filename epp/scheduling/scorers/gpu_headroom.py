@@ -19,14 +19,14 @@ class GpuHeadroomScorer:
     deferred_penalty: float = 0.1
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        penalty = self.deferred_penalty
         out: list[float] = []
+        append = out.append
         for e in endpoints:
             m = e.metrics
             if m is None:
-                out.append(0.5)
+                append(0.5)
                 continue
-            headroom = 1.0 - m.kv_cache_usage
-            if m.deferred_requests:
-                headroom -= self.deferred_penalty * m.deferred_requests
-            out.append(min(1.0, max(0.0, headroom)))
+            headroom = 1.0 - m.kv_cache_usage - penalty * m.deferred_requests
+            append(headroom if 0.0 <= headroom <= 1.0 else (1.0 if headroom > 1.0 else 0.0))
         return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from epp.datastore.types import EndpointState
 from epp.scheduling.framework import ScheduleContext
-from epp.scheduling.scorers.load_signals import effective_queues
+from epp.scheduling.scorers.load_signals import effective_loads, effective_queues
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +27,14 @@ class LoadScorer:
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
         if not endpoints:
             return []
-        queues = effective_queues(ctx, endpoints)
         rw = self.running_weight
-        loads = [
-            q + (rw * e.metrics.running_requests if e.metrics is not None else 0.0)
-            for e, q in zip(endpoints, queues, strict=True)
-        ]
-        floor = min(loads) + self.queue_scale
-        return [floor / (load + self.queue_scale) for load in loads]
+        if rw == 1.0:
+            loads = effective_loads(ctx, endpoints)  # the same sum, shared with other scorers
+        else:
+            loads = [
+                q + (rw * e.metrics.running_requests if e.metrics is not None else 0.0)
+                for e, q in zip(endpoints, effective_queues(ctx, endpoints), strict=True)
+            ]
+        scale = self.queue_scale
+        floor = min(loads) + scale
+        return [floor / (load + scale) for load in loads]

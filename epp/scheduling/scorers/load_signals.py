@@ -8,11 +8,38 @@ from dataclasses import dataclass
 from epp.datastore.types import EndpointState
 from epp.scheduling.framework import ScheduleContext
 
+_MEMO_KEY = "load_signals"
+
 
 @dataclass(frozen=True, slots=True)
 class _Memo:
     endpoints: Sequence[EndpointState]
     queues: list[float]
+    loads: list[float]
+
+
+def _signals(ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> _Memo:
+    cached = ctx.memo.get(_MEMO_KEY)
+    if isinstance(cached, _Memo) and cached.endpoints is endpoints:
+        return cached
+    inflight = ctx.state.inflight
+    count = inflight.count
+    routed_since = inflight.routed_since
+    queues: list[float] = []
+    loads: list[float] = []
+    for e in endpoints:
+        m = e.metrics
+        if m is None:
+            q = float(count(e.endpoint.name))
+            queues.append(q)
+            loads.append(q)
+        else:
+            q = float(m.waiting_requests + routed_since(e.endpoint.name, m.updated_at))
+            queues.append(q)
+            loads.append(q + m.running_requests)
+    memo = _Memo(endpoints, queues, loads)
+    ctx.memo[_MEMO_KEY] = memo
+    return memo
 
 
 def effective_queues(ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
@@ -20,25 +47,7 @@ def effective_queues(ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -
 
     Before the first scrape an endpoint's queue is everything we have in flight there.
     """
-    cached = ctx.memo.get("effective_queues")
-    if isinstance(cached, _Memo) and cached.endpoints is endpoints:
-        return cached.queues
-    inflight = ctx.state.inflight
-    queues: list[float] = []
-    for e in endpoints:
-        m = e.metrics
-        if m is None:
-            queues.append(float(inflight.count(e.endpoint.name)))
-        else:
-            queues.append(float(m.waiting_requests + inflight.routed_since(e.endpoint.name, m.updated_at)))
-    ctx.memo["effective_queues"] = _Memo(endpoints, queues)
-    return queues
-
-
-@dataclass(frozen=True, slots=True)
-class _LoadMemo:
-    endpoints: Sequence[EndpointState]
-    loads: list[float]
+    return _signals(ctx, endpoints).queues
 
 
 def effective_loads(ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
@@ -48,13 +57,4 @@ def effective_loads(ctx: ScheduleContext, endpoints: Sequence[EndpointState]) ->
     stays 0 however busy a pod is; the running batch is what slows each step. Before the
     first scrape an endpoint's load is everything we have in flight there.
     """
-    cached = ctx.memo.get("effective_loads")
-    if isinstance(cached, _LoadMemo) and cached.endpoints is endpoints:
-        return cached.loads
-    queues = effective_queues(ctx, endpoints)
-    loads = [
-        q + (e.metrics.running_requests if e.metrics is not None else 0.0)
-        for e, q in zip(endpoints, queues, strict=True)
-    ]
-    ctx.memo["effective_loads"] = _LoadMemo(endpoints, loads)
-    return loads
+    return _signals(ctx, endpoints).loads

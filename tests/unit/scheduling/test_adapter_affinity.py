@@ -148,6 +148,28 @@ def test_large_pool_scores_a_sample_but_always_the_homes() -> None:
     assert other.primary.name in names
 
 
+def test_adapter_with_many_homes_is_scored_on_a_capped_sample_with_room_for_other_pods() -> None:
+    cap = MAX_SCORED_ENDPOINTS["default"]
+    scheduler = _default()
+    states = [endpoint_state(i, updated_at=NOW) for i in range(300)]
+    home_names = set()
+    for pod in range(0, 200, 2):  # 100 homes, more than the cap
+        _route(scheduler, states, "hot", pod, 1000 + pod)
+        home_names.add(states[pod].name)
+    snapshot = snapshot_of(states, NOW)
+    others_seen: set[str] = set()
+    for i in range(30):
+        result = scheduler.schedule(_request("hot", i), states, snapshot, NOW)
+        scored = {e.name for e in result.endpoints}
+        homes_scored = scored & home_names
+        assert len(scored) == cap
+        assert len(homes_scored) == cap - cap // 4
+        assert result.primary.name in home_names
+        others_seen |= scored - home_names
+    # The non-home share is a fresh random draw each decision, not a fixed set.
+    assert len(others_seen) > 2 * (cap // 4)
+
+
 def test_running_load_moves_traffic_to_an_idle_pod() -> None:
     """Five busy homes (queue 0, ~70 running: vLLM batches them all) and one empty pod.
 

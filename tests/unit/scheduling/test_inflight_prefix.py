@@ -22,6 +22,22 @@ def test_inflight_counts_and_since_scrape() -> None:
     assert t.remove("unknown") is None
 
 
+def test_count_since_scrape_follows_every_change_to_the_endpoint() -> None:
+    t = InflightTracker()
+    t.add("r1", "p", "a", 2.0)
+    assert t.routed_since("p", 1.0) == 1
+    t.add("r2", "p", "a", 3.0)
+    assert t.routed_since("p", 1.0) == 2
+    assert t.routed_since("p", 2.5) == 1  # a newer scrape
+    t.remove("r2")
+    assert t.routed_since("p", 2.5) == 0
+    assert t.routed_since("p", 1.0) == 1
+    t.remove("r1")
+    t.forget(set())
+    t.add("r3", "p", "a", 4.0)  # counters start again after forget: no stale answer
+    assert t.routed_since("p", 1.0) == 1
+
+
 def test_inflight_expires_lost_completions_and_is_bounded() -> None:
     t = InflightTracker(request_timeout_s=10.0, max_tracked=100)
     t.add("old", "p", "a", 0.0)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 
@@ -14,7 +17,7 @@ from epp.scheduling.filters import (
     LoraAffinityFilter,
     LowQueueFilter,
 )
-from epp.scheduling.framework import ScheduleContext
+from epp.scheduling.framework import Profile, ScheduleContext, WeightedScorer
 from epp.scheduling.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from epp.scheduling.scorers.kv_cache_utilization import KvCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
@@ -111,3 +114,38 @@ def test_random_pickers() -> None:
         ] += 1
     assert counts[0] == counts[1] == counts[3] == 0
     assert counts[4] > counts[2] > 0
+
+
+@dataclass(frozen=True, slots=True)
+class _FixedScorer:
+    values: tuple[float, ...]
+    name: str = "fixed"
+
+    def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
+        return list(self.values)
+
+
+def test_profile_clamps_out_of_range_scores_so_no_scorer_outweighs_the_rest() -> None:
+    states = [endpoint_state(i) for i in range(4)]
+    profile = Profile(
+        name="p",
+        filters=(),
+        scorers=(WeightedScorer(_FixedScorer((-3.0, 7.0, math.nan, 0.25)), 2.0),),
+        picker=MaxScorePicker(max_endpoints=4),
+    )
+    result = profile.run(_ctx(), states)
+    assert result.total_scores == {
+        "pod-1-rank-0": 2.0,
+        "pod-3-rank-0": 0.5,
+        "pod-0-rank-0": 0.0,
+        "pod-2-rank-0": 0.0,
+    }
+    assert result.primary.name == "pod-1-rank-0"
+
+
+def test_profile_rejects_a_scorer_that_skips_endpoints() -> None:
+    profile = Profile(
+        name="p", filters=(), scorers=(WeightedScorer(_FixedScorer((1.0,)), 1.0),), picker=MaxScorePicker()
+    )
+    with pytest.raises(ValueError, match="fixed"):
+        profile.run(_ctx(), [endpoint_state(0), endpoint_state(1)])

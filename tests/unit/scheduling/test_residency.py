@@ -129,3 +129,16 @@ def test_victim_follows_inflight_changes_despite_its_cache() -> None:
     assert list(pod.gpu) == ["a", "c"]
     assert model.victim(POD, pod) == "c"  # a still in flight, c idle
     assert model.lightest_holder(POD, pod) == ("c", 0)
+
+
+def test_sorted_homes_follow_routing_and_eviction() -> None:
+    model, _ = _model(default_max_lora=1)
+    model.on_routed("pod-b", "a")
+    model.on_routed("pod-a", "a")
+    assert model.sorted_homes("a") == ("pod-a", "pod-b")
+    model.on_routed("pod-a", "a")  # already a home: unchanged
+    assert model.sorted_homes("a") == ("pod-a", "pod-b")
+    model.on_routed("pod-b", "other")  # one slot: evicts "a" from pod-b
+    assert model.sorted_homes("a") == ("pod-a",)
+    model.forget(["pod-b"])
+    assert model.sorted_homes("a") == ()
