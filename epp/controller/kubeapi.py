@@ -29,6 +29,7 @@ PLURALS: Mapping[str, str] = {
     "InferencePool": "inferencepools",
     "InferenceModel": "inferencemodels",
     "Event": "events",
+    "Pod": "pods",
     "LLMInferenceService": "llminferenceservices",
 }
 

@@ -7,9 +7,12 @@ no writes. InferenceModels of adapters removed from the spec are deleted. Deleti
 LLMInferenceService deletes everything through owner references (garbage collection).
 
 Status: `observedGeneration`, `replicas`, `readyReplicas` (model-server pods ready),
-`adapters` (adapters in the catalogue), and a `Ready` condition with reason
-Available | Progressing | InvalidSpec | ApplyFailed. An invalid spec or a failed write
-also gets a Warning Event (once per distinct message) and changes nothing else.
+`adapters` (`desired`: adapters in the catalogue; `loaded`/`loadedNames`: catalogue adapters
+registered on at least one ready model-server pod, asked of the pods by `AdapterSurvey`;
+`readyPods`/`reportingPods`; `summary` "loaded/desired" for the printer column), and a
+`Ready` condition with reason Available | Progressing | InvalidSpec | ApplyFailed. An
+invalid spec or a failed write also gets a Warning Event (once per distinct message) and
+changes nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from epp.controller.adapter_survey import AdapterSurvey, ready_model_servers
 from epp.controller.kubeapi import KubeApi, KubeApiError, ResourceRef, ref_of
 from epp.controller.render import (
     COMPONENT_LABEL,
@@ -39,6 +43,7 @@ Obj = dict[str, Any]
 SERVICE_REF = ResourceRef(API_VERSION, KIND)
 DEPLOYMENT_REF = ResourceRef("apps/v1", "Deployment")
 MODEL_REF = ResourceRef(MODEL_API_VERSION, "InferenceModel")
+POD_REF = ResourceRef("v1", "Pod")
 EVENT_REF = ResourceRef("v1", "Event")
 READY = "Ready"
 COMPONENT = "lora-epp-controller"
@@ -91,10 +96,12 @@ class Reconciler:
         api: KubeApi,
         settings: RenderSettings | None = None,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
+        survey: AdapterSurvey | None = None,
     ) -> None:
         self._api = api
         self._settings = settings or RenderSettings()
         self._wall_clock = wall_clock
+        self._survey = survey or AdapterSurvey()
 
     def reconcile_namespace(self, namespace: str) -> dict[str, Outcome]:
         """Reconcile every LLMInferenceService in `namespace`; one failing never stops the rest."""
@@ -204,7 +211,9 @@ class Reconciler:
             servers = self._api.get(DEPLOYMENT_REF, owner.namespace, owner.name) or {}
             desired["replicas"] = spec.replicas
             desired["readyReplicas"] = int((servers.get("status") or {}).get("readyReplicas") or 0)
-            desired["adapters"] = len(spec.adapters.items)
+            adapters = self._adapter_status(owner, spec)
+            if adapters is not None:
+                desired["adapters"] = adapters
         if contains(status, desired):
             return
         changed_message = old is None or old.get("message") != message or old.get("reason") != reason
@@ -215,6 +224,30 @@ class Reconciler:
             log.warning("status update failed", extra={"object": owner.name, "error": str(error)})
         if warn and changed_message:
             self._warn(owner, reason, message, writes)
+
+    def _adapter_status(self, owner: Owner, spec: ServiceSpec) -> Obj | None:
+        """What the ready model-server pods hold of the catalogue; None if pods cannot be listed."""
+        selector = f"{SERVICE_LABEL}={owner.name},{COMPONENT_LABEL}=model-server"
+        try:
+            pods = self._api.list(POD_REF, owner.namespace, selector)
+        except KubeApiError as error:
+            log.warning("listing model-server pods failed", extra={"object": owner.name, "error": str(error)})
+            return None
+        servers = ready_model_servers(pods, self._settings.model_port)
+        answers = self._survey.survey(servers)
+        registered: set[str] = set()
+        for adapters in answers.values():
+            registered |= adapters or frozenset()
+        catalogue = [a.name for a in spec.adapters.items]
+        loaded = [name for name in catalogue if name in registered]
+        return {
+            "desired": len(catalogue),
+            "loaded": len(loaded),
+            "loadedNames": loaded,
+            "readyPods": len(servers),
+            "reportingPods": sum(1 for adapters in answers.values() if adapters is not None),
+            "summary": f"{len(loaded)}/{len(catalogue)}",
+        }
 
     def _warn(self, owner: Owner, reason: str, message: str, writes: list[str]) -> None:
         now = self._wall_clock().strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -344,6 +344,7 @@ def epp_deployment(owner: Owner, settings: RenderSettings) -> Obj:
                                 f"--pool-namespace={owner.namespace}",
                                 f"--config-file={CONFIG_DIR}/scheduler.yaml",
                                 f"--adapter-catalog={CONFIG_DIR}/adapters.yaml",
+                                f"--adapter-state-port={settings.sidecar_port}",
                             ],
                             "ports": [
                                 {"name": "grpc-ext-proc", "containerPort": settings.epp_port},

@@ -14,7 +14,17 @@ EPP's list+watch code must survive, so this module implements them directly:
   when N is older than the compacted history;
 - get/create/update (optimistic concurrency: 409 on a stale resourceVersion)/merge-patch/
   delete, and the `status` subresource (a status patch changes only `status`);
-- core Pods and Events, coordination Leases and any custom resource (both inference groups).
+- core Pods and Events, coordination Leases and any custom resource (both inference groups);
+- owner-reference garbage collection, as the API server's garbage collector does it: after
+  an object is deleted, objects in its namespace whose `ownerReferences` name its uid are
+  deleted too (cascading to their own dependents), shortly after the delete answers, not
+  during it. A dependent that still has a live owner only loses the dangling reference.
+  `propagationPolicy` (query or DeleteOptions body): `Background` (the default) as above;
+  `Orphan` removes the reference from the dependents and deletes none; `Foreground` first
+  marks the owner (deletionTimestamp, the `foregroundDeletion` finalizer), deletes the
+  dependents, then the owner. Not modelled: `blockOwnerDeletion` (Foreground waits for every
+  dependent, not only blocking ones), cross-namespace or cluster-scoped owners, finalizers
+  other than `foregroundDeletion`, and collecting dependents whose owner never existed.
 
 Tests drive it through `FakeKube` (put/delete objects, compact history, drop every watch,
 send bookmarks) while the real `kubernetes` client talks to it over HTTP, configured by
@@ -31,7 +41,7 @@ import json
 import pathlib
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,10 +239,13 @@ class FakeKube:
         with self._lock:
             return self._write(resource, copy.deepcopy(dict(obj)), keep_status=False)
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+    def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, propagation: str = "Background"
+    ) -> bool:
+        """Delete as `kubectl delete` would (dependents are garbage-collected per `propagation`)."""
         resource = self._resource_for(api_version, kind)
         with self._lock:
-            return self._remove(resource, (namespace, name))
+            return self._delete(resource, (namespace, name), propagation)
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         resource = self._resource_for(api_version, kind)
@@ -353,6 +366,81 @@ class FakeKube:
         self._record(resource, "DELETED", obj)
         return True
 
+    def _delete(self, resource: ResourceKey, key: ObjectKey, propagation: str) -> bool:
+        current = self._objects.get(resource, {}).get(key)
+        if current is None:
+            return False
+        uid = str(current["metadata"]["uid"])
+        if propagation == "Orphan":
+            self._remove(resource, key)
+            self._orphan_dependents(key[0], uid)
+        elif propagation == "Foreground":
+            marked = copy.deepcopy(current)
+            marked["metadata"]["deletionTimestamp"] = _now_rfc3339()
+            finalizers = marked["metadata"].setdefault("finalizers", [])
+            if "foregroundDeletion" not in finalizers:
+                finalizers.append("foregroundDeletion")
+            self._write(resource, marked, keep_status=True)
+            self._after_delete(lambda: self._collect_then_remove(resource, key, uid))
+        else:
+            self._remove(resource, key)
+            self._after_delete(lambda: self._collect(key[0], uid))
+        return True
+
+    def _after_delete(self, collect: Callable[[], None]) -> None:
+        """Run the collector after the delete has answered, as the real one runs apart from it."""
+        loop = self._loop
+        if loop is None:
+            collect()
+            return
+
+        def locked() -> None:
+            with self._lock:
+                collect()
+
+        loop.call_soon_threadsafe(locked)
+
+    def _dependents(self, namespace: str, owner_uid: str) -> list[tuple[ResourceKey, ObjectKey, Obj]]:
+        return [
+            (resource, key, obj)
+            for resource, store in self._objects.items()
+            for key, obj in list(store.items())
+            if key[0] == namespace
+            and any(r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _collect(self, namespace: str, owner_uid: str) -> None:
+        """Delete `owner_uid`'s dependents that have no other live owner (caller holds the lock)."""
+        live = {
+            str(obj["metadata"]["uid"])
+            for store in self._objects.values()
+            for (ns, _), obj in store.items()
+            if ns == namespace
+        }
+        for resource, key, obj in self._dependents(namespace, owner_uid):
+            refs = obj["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") in live for r in refs if r.get("uid") != owner_uid):
+                self._drop_owner_reference(resource, obj, owner_uid)
+            elif self._remove(resource, key):
+                self._collect(namespace, str(obj["metadata"]["uid"]))
+
+    def _collect_then_remove(self, resource: ResourceKey, key: ObjectKey, owner_uid: str) -> None:
+        self._collect(key[0], owner_uid)
+        self._remove(resource, key)
+
+    def _orphan_dependents(self, namespace: str, owner_uid: str) -> None:
+        for resource, _, obj in self._dependents(namespace, owner_uid):
+            self._drop_owner_reference(resource, obj, owner_uid)
+
+    def _drop_owner_reference(self, resource: ResourceKey, obj: Obj, owner_uid: str) -> None:
+        updated = copy.deepcopy(obj)
+        refs = [r for r in updated["metadata"].get("ownerReferences") or [] if r.get("uid") != owner_uid]
+        if refs:
+            updated["metadata"]["ownerReferences"] = refs
+        else:
+            updated["metadata"].pop("ownerReferences", None)
+        self._write(resource, updated, keep_status=True)
+
     def _record(self, resource: ResourceKey, event_type: str, obj: Obj) -> None:
         snapshot = copy.deepcopy(obj)
         self._history.append((self._rv, resource, event_type, snapshot))
@@ -441,7 +529,7 @@ class FakeKube:
         if verb is None:
             return _error(405, "MethodNotAllowed", request.method)
         self._log_call(resource, verb, sub)
-        body = await request.json() if request.method in ("PUT", "PATCH") else None
+        body = await request.json() if request.method in ("PUT", "PATCH") or request.can_read_body else None
         with self._lock:
             current = self._objects.get(resource, {}).get(key)
             if current is None:
@@ -449,7 +537,12 @@ class FakeKube:
             if verb == "get":
                 return web.json_response(copy.deepcopy(current))
             if verb == "delete":
-                self._remove(resource, key)
+                propagation = request.query.get("propagationPolicy") or str(
+                    (body or {}).get("propagationPolicy") or "Background"
+                )
+                if propagation not in ("Background", "Foreground", "Orphan"):
+                    return _error(400, "BadRequest", f"unsupported propagationPolicy {propagation!r}")
+                self._delete(resource, key, propagation)
                 return web.json_response(_status(200, "", "deleted") | {"status": "Success"})
             wanted_rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
             if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:

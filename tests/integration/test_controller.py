@@ -5,20 +5,26 @@ specs and readiness behave as a user expects; a second pass writes nothing."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pathlib
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
 
+from epp.controller.adapter_survey import AdapterSurvey
 from epp.controller.kubeapi import KubeApi
 from epp.controller.reconcile import Outcome, Reconciler
+from epp.localstack import pick_pod_addresses
 from epp.sources.kube import load_api_client
 from tests.fakekube.plugin import KubeEnv, needs_fake
 
@@ -39,8 +45,8 @@ def brief_object(env: KubeEnv) -> dict[str, Any]:
     return dict(obj)
 
 
-def reconcile(env: KubeEnv, name: str = "legal-assistants") -> Outcome:
-    reconciler = Reconciler(KubeApi(load_api_client(env.kubeconfig)))
+def reconcile(env: KubeEnv, name: str = "legal-assistants", survey: AdapterSurvey | None = None) -> Outcome:
+    reconciler = Reconciler(KubeApi(load_api_client(env.kubeconfig)), survey=survey)
     current = env.get(LLMIS, "LLMInferenceService", env.namespace, name)
     assert current is not None
     return reconciler.reconcile(current)
@@ -126,7 +132,15 @@ def test_the_brief_object_yields_the_full_stack_owned_by_it(kube: KubeEnv) -> No
     assert pool["endpointPickerRef"]["name"] == "legal-assistants-epp"
     assert pool["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     status = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")["status"]  # type: ignore[index]
-    assert (status["replicas"], status["readyReplicas"], status["adapters"]) == (6, 0, 2)
+    assert (status["replicas"], status["readyReplicas"]) == (6, 0)
+    assert status["adapters"] == {
+        "desired": 2,
+        "loaded": 0,
+        "loadedNames": [],
+        "readyPods": 0,
+        "reportingPods": 0,
+        "summary": "0/2",
+    }
     (ready,) = status["conditions"]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "Progressing")
     assert not outcome.ready
@@ -346,6 +360,226 @@ def test_the_running_controller_follows_creates_and_edits_and_stops_on_sigterm(k
             used = {(c.group, c.resource, c.verb) for c in kube.fake.calls}
             assert ("inference.llm-d.ai", "llminferenceservices", "watch") in used
             assert used <= granted_by_role(), sorted(used - granted_by_role())
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def test_scale_out_and_an_added_adapter_change_no_pod_template(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    templates = {
+        name: kube.get("apps/v1", "Deployment", kube.namespace, name)["spec"]["template"]  # type: ignore[index]
+        for name in ("legal-assistants", "legal-assistants-epp")
+    }
+    obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    assert obj is not None
+    obj["spec"]["replicas"] = 8
+    obj["spec"]["adapters"]["items"].append({"name": "tax-advisor", "source": "huggingface/tax-lora"})
+    kube.put(obj)
+    outcome = reconcile(kube)
+    assert sorted(w for w in outcome.writes if not w.endswith("/status")) == [
+        "create InferenceModel/legal-assistants-tax-advisor",
+        "patch ConfigMap/legal-assistants-epp",
+        "patch Deployment/legal-assistants",
+    ]
+    for name, template in templates.items():
+        deployment = kube.get("apps/v1", "Deployment", kube.namespace, name)
+        assert deployment is not None and deployment["spec"]["template"] == template, name
+    assert kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")["spec"]["replicas"] == 8  # type: ignore[index]
+    catalog = yaml.safe_load(
+        kube.get("v1", "ConfigMap", kube.namespace, "legal-assistants-epp")["data"]["adapters.yaml"]  # type: ignore[index]
+    )
+    assert [a["name"] for a in catalog["adapters"]] == [
+        "legal-assistant-v2",
+        "code-reviewer-xl",
+        "tax-advisor",
+    ]
+    status = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")["status"]  # type: ignore[index]
+    assert (status["replicas"], status["adapters"]["desired"], status["adapters"]["summary"]) == (8, 3, "0/3")
+    assert status["observedGeneration"] == obj["metadata"]["generation"] + 1
+
+
+# -- garbage collection through owner references ----------------------------------------------
+
+
+def test_deleting_the_service_collects_everything_it_made_and_nothing_else(kube: KubeEnv) -> None:
+    kube.put(brief_object(kube))
+    reconcile(kube)
+    made = set(owned(kube))
+    assert len(made) == 12
+    users = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "users-own"}, "data": {"k": "v"}},
+        {  # labelled like the controller's, but not owned by the service
+            "apiVersion": MODEL_API,
+            "kind": "InferenceModel",
+            "metadata": {
+                "name": "users-model",
+                "labels": {"inference.llm-d.ai/service": "legal-assistants"},
+            },
+            "spec": {"modelName": "users-model", "poolRef": {"name": "legal-assistants"}},
+        },
+    ]
+    for obj in users:
+        kube.put(obj | {"metadata": {**obj["metadata"], "namespace": kube.namespace}})
+    assert kube.delete(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    _wait_for(lambda: not made & set(owned(kube)), "owned objects collected", within_s=30)
+    assert set(owned(kube)) == {"ConfigMap/users-own", "InferenceModel/users-model"}
+
+
+# -- status.adapters: asked of the model-server pods ---------------------------------------------
+
+
+def _sim(host: str, port: int, name: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "epp", "sim", "--host", host, "--port", str(port), "--pod-name", name),
+            *("--served-model-name", "llama-3.1-70b", "--max-loras", "4", "--lora-load-latency", "0.01"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def model_server_pods() -> Iterator[list[tuple[str, int]]]:
+    """Two `epp sim` pods (runtime LoRA loading on) on their own 127.x.y.N, and a third address
+    that accepts connections but never answers (a hung pod)."""
+    hosts, port = pick_pod_addresses(3, random.Random())
+    sims = [_sim(host, port, f"pod-{i}") for i, host in enumerate(hosts[:2])]
+    hung = socket.socket()
+    try:
+        hung.bind((hosts[2], port))
+        hung.listen(8)
+        for host in hosts[:2]:
+            _wait_for(lambda h=host: _answers(f"http://{h}:{port}/health"), f"sim on {host}")  # type: ignore[misc]
+        yield [(host, port) for host in hosts]
+    finally:
+        hung.close()
+        for sim in sims:
+            sim.terminate()
+        for sim in sims:
+            try:
+                sim.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                sim.kill()
+                sim.wait(timeout=5)
+
+
+def _pod(name: str, ip: str, port: int, namespace: str, *, ready: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "inference.llm-d.ai/service": "legal-assistants",
+                "app.kubernetes.io/component": "model-server",
+            },
+        },
+        "spec": {
+            "containers": [
+                {"name": "vllm", "image": "vllm", "ports": [{"name": "http", "containerPort": port}]}
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def _load_adapter(host: str, port: int, name: str, path: str) -> None:
+    request = urllib.request.Request(
+        f"http://{host}:{port}/v1/load_lora_adapter",
+        data=json.dumps({"lora_name": name, "lora_path": path}).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def _adapter_status(kube: KubeEnv) -> dict[str, Any]:
+    obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+    assert obj is not None
+    status: dict[str, Any] = (obj.get("status") or {}).get("adapters") or {}
+    return status
+
+
+def test_status_counts_the_catalogue_adapters_the_ready_pods_loaded(
+    kube: KubeEnv, model_server_pods: list[tuple[str, int]]
+) -> None:
+    needs_fake(kube)
+    (a, port), (b, _), (hung, _) = model_server_pods
+    kube.put(brief_object(kube))
+    for name, ip, ready in (("pod-a", a, True), ("pod-b", b, True), ("pod-hung", hung, True)):
+        kube.put(_pod(name, ip, port, kube.namespace, ready=ready))
+    kube.put(_pod("pod-starting", b, port, kube.namespace, ready=False))
+    survey = AdapterSurvey(timeout_s=0.5)
+    try:
+        reconcile(kube, survey=survey)
+        assert _adapter_status(kube) == {
+            "desired": 2,
+            "loaded": 0,
+            "loadedNames": [],
+            "readyPods": 3,  # the starting pod is not asked
+            "reportingPods": 2,  # the hung pod counts as holding nothing
+            "summary": "0/2",
+        }
+        _load_adapter(a, port, "legal-assistant-v2", "legal-lora")  # as the EPP loads on demand
+        _load_adapter(b, port, "not-in-the-catalogue", "other-lora")
+        reconcile(kube, survey=survey)
+        status = _adapter_status(kube)
+        assert (status["loadedNames"], status["summary"]) == (["legal-assistant-v2"], "1/2")
+        _load_adapter(b, port, "legal-assistant-v2", "legal-lora")  # on a second pod: still one adapter
+        reconcile(kube, survey=survey)
+        assert _adapter_status(kube)["summary"] == "1/2"
+    finally:
+        survey.close()
+
+
+def test_the_running_controller_refreshes_loaded_adapters_each_resync(
+    kube: KubeEnv, model_server_pods: list[tuple[str, int]]
+) -> None:
+    needs_fake(kube)
+    (a, port), (b, _), _ = model_server_pods
+    kube.put(brief_object(kube))
+    kube.put(_pod("pod-a", a, port, kube.namespace))
+    kube.put(_pod("pod-b", b, port, kube.namespace))
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "epp", "controller", "--kubeconfig", kube.kubeconfig),
+            *("--namespace", kube.namespace, "--resync-period", "1s", "--adapter-probe-timeout", "500ms"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(lambda: _adapter_status(kube).get("reportingPods") == 2, "first survey")
+        # Loading changes no Kubernetes object: only the periodic resync can notice it.
+        _load_adapter(a, port, "legal-assistant-v2", "legal-lora")
+        _load_adapter(b, port, "code-reviewer-xl", "code-lora")
+        _wait_for(lambda: _adapter_status(kube).get("summary") == "2/2", "both adapters seen loaded")
+        assert _adapter_status(kube)["loadedNames"] == ["legal-assistant-v2", "code-reviewer-xl"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        used = {(c.group, c.resource, c.verb) for c in needs_fake(kube).calls}
+        assert ("", "pods", "list") in used
+        assert used <= granted_by_role(), sorted(used - granted_by_role())
     finally:
         if process.poll() is None:
             process.kill()
