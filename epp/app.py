@@ -28,13 +28,17 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from epp import config
 from epp.adapters.catalog import FileCatalog
 from epp.adapters.loader import AdapterLoader
+from epp.adapters.observe import AdapterCollector, AdapterParts, adapters_route
+from epp.adapters.preload import Preloader
+from epp.adapters.push import AdapterStatePush
+from epp.adapters.unload import ColdAdapterUnloader
 from epp.clock import Clock, SystemClock
 from epp.config import ServeSettings
 from epp.datastore.store import Datastore
 from epp.director import Director
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, ListenError, build_ext_proc_server, server_credentials
-from epp.extproc.stream import StreamRecord, StreamSettings
+from epp.extproc.stream import StreamOptions, StreamRecord, StreamSettings
 from epp.observability import tracing
 from epp.observability.auth import bearer_auth_middleware, read_token_file
 from epp.observability.decisions import DecisionLog, decisions_route
@@ -43,6 +47,7 @@ from epp.observability.http import build_app, start_http
 from epp.observability.logging import configure_logging
 from epp.observability.metrics import EppMetrics, PoolCollector
 from epp.observability.observer import Observer
+from epp.scheduling.state import SchedulerState
 
 if TYPE_CHECKING:
     from epp.sources.leader import LeaderElector
@@ -150,26 +155,31 @@ async def _serve(
         clock,
         tracer=tracing.decision_tracer(provider),
     )
-    director = _build_director(settings, datastore, clock, observer)
+    director, scheduler_state = _build_director(settings, datastore, clock, observer)
     source, synced = _build_source(settings, datastore, clock)
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
 
-    loader = _build_loader(settings, clock)
+    adapters = _build_adapters(settings, datastore, clock, scheduler_state)
+    loader = adapters.loader
+    if adapters.parts is not None:
+        registry.register(AdapterCollector(adapters.parts))
 
     health = Health(leader_election=elector is not None)
     await health.start()
     processor = ExternalProcessor(
-        director,
-        StreamSettings(
-            default_body_mode=settings.body_mode,
-            max_request_body_bytes=settings.max_request_body_bytes,
-            max_header_bytes=settings.max_header_bytes,
-        ),
-        on_finished=_both(observer.on_finished, extensions.on_finished),
-        upstream_headers=observer.trace_headers,
-        clock=clock,
-        loader=loader,
+        StreamOptions(
+            director,
+            StreamSettings(
+                default_body_mode=settings.body_mode,
+                max_request_body_bytes=settings.max_request_body_bytes,
+                max_header_bytes=settings.max_header_bytes,
+            ),
+            on_finished=_both(observer.on_finished, extensions.on_finished),
+            upstream_headers=observer.trace_headers,
+            clock=clock,
+            loader=loader,
+        )
     )
     credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
     ext_server, grpc_port = build_ext_proc_server(
@@ -185,7 +195,7 @@ async def _serve(
     http_app = build_app(
         registry,
         ready=lambda: health.ready,
-        extra_routes=(decisions_route(observer.decisions), *extensions.extra_routes),
+        extra_routes=(decisions_route(observer.decisions), *adapters.routes, *extensions.extra_routes),
     )
     if metrics_token is not None:
         http_app.middlewares.append(bearer_auth_middleware(metrics_token))
@@ -210,7 +220,7 @@ async def _serve(
         )
         if on_started is not None:
             on_started(ports)
-        await _run_tasks(stop, health, datastore, synced, elector, source, refresher)
+        await _run_tasks(stop, health, datastore, synced, elector, source, refresher, *adapters.runnables)
     finally:
         await health.shutdown()
         if ext_server in servers_started:
@@ -301,18 +311,40 @@ def _signals_set(stop: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
-def _build_loader(settings: ServeSettings, clock: Clock) -> AdapterLoader | None:
-    """The on-demand adapter loader, when an adapter catalogue is configured."""
+@dataclass(frozen=True, slots=True)
+class _Adapters:
+    """The adapter parts `serve` runs: loader (with a catalogue), push state, preload, unload."""
+
+    loader: AdapterLoader | None = None
+    parts: AdapterParts | None = None
+    runnables: tuple[_Runnable, ...] = ()
+    routes: tuple[web.RouteDef, ...] = ()
+
+
+def _build_adapters(
+    settings: ServeSettings, datastore: Datastore, clock: Clock, scheduler_state: SchedulerState | None
+) -> _Adapters:
+    """Sidecar push state with `--adapter-state-port`; loader, preloader and cold-adapter
+    unloader with `--adapter-catalog`. A bad or missing catalogue is a start-up ConfigError."""
+    push = None
+    if settings.adapter_state_port:
+        push = AdapterStatePush(datastore, clock, port=settings.adapter_state_port)
     if settings.adapter_catalog is None:
-        return None
+        return _Adapters(runnables=(push,) if push is not None else ())
     catalog = FileCatalog(settings.adapter_catalog)
-    catalog.current()  # a bad or missing catalogue is a start-up error (ConfigError)
-    return AdapterLoader(catalog.current, clock=clock)
+    loader = AdapterLoader(catalog.current, clock=clock, pods=push)
+    preloader = Preloader(loader, datastore, clock)
+    unloader = ColdAdapterUnloader(
+        loader, datastore, clock, idle_s=settings.adapter_idle_unload_s, scheduler=scheduler_state
+    )
+    parts = AdapterParts(loader, clock, push=push, preloader=preloader, unloader=unloader)
+    runnables: tuple[_Runnable, ...] = (preloader, unloader) if push is None else (push, preloader, unloader)
+    return _Adapters(loader, parts, runnables, (adapters_route(parts),))
 
 
 def _build_director(
     settings: ServeSettings, datastore: Datastore, clock: Clock, observer: Observer
-) -> Director:
+) -> tuple[Director, SchedulerState | None]:
     from epp.admission import build_admission
     from epp.scheduling.build import build_scheduler
 
@@ -325,13 +357,15 @@ def _build_director(
     admission = build_admission(
         settings.picker_config_text, staleness_threshold_s=settings.metrics_staleness_threshold_s
     )
-    return Director(
+    director = Director(
         datastore,
         observer.observe_scheduler(scheduler),
         admit=observer.observe_admit(admission.admit),
         clock=clock,
         rng=random.Random(settings.seed),
     )
+    state = getattr(scheduler, "state", None)  # in-flight and residency, for the adapter unloader
+    return director, state if isinstance(state, SchedulerState) else None
 
 
 def _build_source(

@@ -22,6 +22,7 @@ DEFAULT_POOL_GROUP = "inference.networking.k8s.io"
 DEFAULT_REFRESH_METRICS_INTERVAL = "100ms"
 DEFAULT_STALENESS_THRESHOLD = "2s"
 DEFAULT_GRACE_PERIOD = "10s"
+DEFAULT_ADAPTER_IDLE_UNLOAD = "10m"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class ServeSettings:
     pool_group: str = DEFAULT_POOL_GROUP
     pool_file: pathlib.Path | None = None
     adapter_catalog: pathlib.Path | None = None  # on-demand adapter loading (LLMInferenceService)
+    adapter_state_port: int = 0  # the pods' `epp sidecar` port; 0 = scrape only
+    adapter_idle_unload_s: float = 600.0  # 0 = never unload idle on-demand adapters
     kubeconfig: str | None = None
     host: str = "0.0.0.0"
     grpc_port: int = 9002
@@ -88,6 +91,13 @@ def _positive_duration(text: str) -> float:
     value = parse_duration(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive, got {text!r}")
+    return value
+
+
+def _non_negative_duration(text: str) -> float:
+    value = parse_duration(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be zero or positive, got {text!r}")
     return value
 
 
@@ -162,6 +172,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="adapter catalogue (name -> lora_path, as `epp controller` writes it): a request for a "
         "catalogue adapter that its picked pod has not registered is held until the pod loads it "
         "through vLLM's /v1/load_lora_adapter (default: off)",
+    )
+    net.add_argument(
+        "--adapter-state-port",
+        type=_port,
+        default=0,
+        metavar="PORT",
+        help="dial each pod's adapter-state sidecar (`epp sidecar`) on this port and use its pushed "
+        "adapter state over the scrape while its stream is up; loads go through it (default 0: off)",
+    )
+    net.add_argument(
+        "--adapter-idle-unload",
+        type=_non_negative_duration,
+        default=parse_duration(DEFAULT_ADAPTER_IDLE_UNLOAD),
+        metavar="DURATION",
+        help="unload an adapter the EPP loaded on demand once no request for it has gone to that pod "
+        f"for this long and it holds no GPU slot there (default {DEFAULT_ADAPTER_IDLE_UNLOAD}; 0: never)",
     )
     net.add_argument(
         "--max-header-bytes",
@@ -285,6 +311,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         pool_group=args.pool_group,
         pool_file=args.pool_file,
         adapter_catalog=args.adapter_catalog,
+        adapter_state_port=args.adapter_state_port,
+        adapter_idle_unload_s=args.adapter_idle_unload,
         kubeconfig=args.kubeconfig,
         host=args.host,
         grpc_port=args.grpc_port,

@@ -73,6 +73,9 @@ class StackOptions:
     start_epp: bool = True  # False: Envoy points at a closed EPP port (EPP-down tests)
     # Edits the generated Envoy bootstrap before it is written (tests add filters this way).
     envoy_bootstrap_hook: Callable[[dict[str, Any]], None] | None = None
+    # An `epp sidecar` next to each sim (one port on every pod IP) and `epp serve
+    # --adapter-state-port` pointing at it.
+    sidecars: bool = False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -100,6 +103,14 @@ def pick_pod_addresses(count: int, rng: random.Random) -> tuple[list[str], int]:
         if all(_port_is_free(host, port) for host in hosts):
             return hosts, port
     raise StackError("no port free on every pod address")
+
+
+def _port_free_on_all(hosts: Sequence[str]) -> int:
+    for _ in range(50):
+        port = free_port(hosts[0])
+        if all(_port_is_free(host, port) for host in hosts):
+            return port
+    raise StackError("no sidecar port free on every pod address")
 
 
 def pool_yaml(
@@ -187,6 +198,9 @@ class LocalStack:
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="epp-localstack-"))
         self.pods: list[Pod] = []
         self._sims: dict[str, _Child] = {}
+        self._sidecars: dict[str, _Child] = {}
+        self.sidecar_port = 0
+        self._sidecar_starts: dict[str, int] = {}
         self._epp: _Child | None = None
         self.envoy: EnvoyProcess | None = None
         self.gateway_url = ""
@@ -210,6 +224,10 @@ class LocalStack:
         self.pods = [Pod(f"sim-{i}", host, port) for i, host in enumerate(hosts)]
         for pod in self.pods:
             self._start_sim(pod)
+        if opts.sidecars:
+            self.sidecar_port = _port_free_on_all(hosts)
+            for pod in self.pods:
+                self.start_sidecar(pod.name)
         self.pool_file.write_text(self.pool_file_text())
         self.epp_grpc_port = free_port()
         self.epp_health_port = free_port()
@@ -220,6 +238,8 @@ class LocalStack:
         deadline = self._clock.now() + timeout_s
         for pod in self.pods:
             self._wait(functools.partial(self._http_ok, f"{pod.url}/health"), self._sims[pod.name], deadline)
+        for name, sidecar in self._sidecars.items():
+            self._wait(functools.partial(self.sidecar_listening, name), sidecar, deadline)
         if self._epp is not None:
             epp = self._epp
             self._wait(self._epp_serving, epp, deadline)
@@ -261,6 +281,8 @@ class LocalStack:
         ]  # fmt: skip
         if opts.policy is not None:
             command += ["--policy", opts.policy]
+        if self.sidecar_port:
+            command += ["--adapter-state-port", str(self.sidecar_port)]
         command += list(opts.extra_serve_args)
         self._epp = _Child("epp", command, self.workdir / "epp.log")
 
@@ -298,6 +320,8 @@ class LocalStack:
             self.envoy.stop()
         if self._epp is not None:
             self._epp.stop()
+        for child in self._sidecars.values():
+            child.stop()
         for child in self._sims.values():
             child.stop()
 
@@ -314,6 +338,37 @@ class LocalStack:
 
     def kill_pod(self, name: str) -> None:
         self._sims[name].kill()
+
+    def start_sidecar(self, name: str) -> None:
+        """(Re)start the adapter-state sidecar of pod `name` on `sidecar_port`."""
+        pod = next(p for p in self.pods if p.name == name)
+        old = self._sidecars.get(name)
+        if old is not None:
+            old.stop()
+        command = [
+            sys.executable, "-m", "epp", "sidecar",
+            "--model-server", pod.url,
+            "--host", pod.ip, "--port", str(self.sidecar_port),
+            "--poll-interval", "50ms", "--log-level", "INFO",
+        ]  # fmt: skip
+        starts = self._sidecar_starts.get(name, 0) + 1
+        self._sidecar_starts[name] = starts
+        log_path = self.workdir / f"{name}-sidecar-{starts}.log"
+        self._sidecars[name] = _Child(f"{name}-sidecar", command, log_path)
+
+    def kill_sidecar(self, name: str) -> None:
+        self._sidecars[name].kill()
+
+    def sidecar_listening(self, name: str) -> bool:
+        pod = next(p for p in self.pods if p.name == name)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(1.0)
+            return sock.connect_ex((pod.ip, self.sidecar_port)) == 0
+
+    def sidecar_logs(self, name: str) -> list[str]:
+        """Every log of pod `name`'s sidecars, oldest first (one per start)."""
+        starts = range(1, self._sidecar_starts.get(name, 0) + 1)
+        return [(self.workdir / f"{name}-sidecar-{n}.log").read_text(errors="replace") for n in starts]
 
     def stop_epp(self) -> None:
         if self._epp is not None:
@@ -374,7 +429,8 @@ class LocalStack:
         return text
 
     def log_tails(self) -> str:
-        parts = [f"== {c.name} ==\n{c.log_tail()}" for c in self._sims.values()]
+        children = [*self._sims.values(), *self._sidecars.values()]
+        parts = [f"== {c.name} ==\n{c.log_tail()}" for c in children]
         if self._epp is not None:
             parts.append(f"== epp ==\n{self._epp.log_tail()}")
         if self.envoy is not None:

@@ -2,6 +2,7 @@
 
 from epp.datastore.store import Datastore, ModelStatus
 from epp.datastore.types import (
+    AdapterState,
     Criticality,
     Endpoint,
     EndpointState,
@@ -17,6 +18,7 @@ from epp.datastore.types import (
 )
 
 __all__ = [
+    "AdapterState",
     "Criticality",
     "Datastore",
     "Endpoint",

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 from epp.clock import Clock
 from epp.datastore.types import (
+    AdapterState,
     Endpoint,
     EndpointState,
     InferenceModel,
@@ -21,6 +22,7 @@ from epp.datastore.types import (
     PodInfo,
     Pool,
     Snapshot,
+    with_adapter_state,
 )
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,9 @@ class Datastore:
         self._pool: Pool | None = None
         self._pods: dict[Key, PodInfo] = {}
         self._endpoints: dict[str, EndpointState] = {}
+        # The newest scrape per endpoint as parsed; `EndpointState.metrics` is this merged with
+        # the endpoint's push state, so losing the push falls back to it at once.
+        self._scraped: dict[str, Metrics] = {}
         self._models: dict[Key, InferenceModel] = {}
         self._objectives: dict[Key, InferenceObjective] = {}
         self._winners: Mapping[str, InferenceModel] = MappingProxyType({})
@@ -183,7 +188,24 @@ class Datastore:
         state = self._endpoints.get(endpoint_name)
         if state is None:
             return
-        self._endpoints[endpoint_name] = replace(state, metrics=metrics, scrape_failures=0, last_error="")
+        self._scraped[endpoint_name] = metrics
+        pushed = state.adapter_state
+        merged = metrics if pushed is None else with_adapter_state(metrics, pushed)
+        self._endpoints[endpoint_name] = replace(state, metrics=merged, scrape_failures=0, last_error="")
+        self._invalidate()
+
+    def set_adapter_state(self, endpoint_name: str, pushed: AdapterState | None) -> None:
+        """Record the endpoint's pushed adapter state, or None when its sidecar stream is gone.
+
+        Ignored if the endpoint is gone. The endpoint's metrics become the newest scrape merged
+        with `pushed` (see `with_adapter_state`); None restores the plain scrape.
+        """
+        state = self._endpoints.get(endpoint_name)
+        if state is None or (pushed is None and state.adapter_state is None):
+            return
+        scraped = self._scraped.get(endpoint_name)
+        merged = scraped if scraped is None or pushed is None else with_adapter_state(scraped, pushed)
+        self._endpoints[endpoint_name] = replace(state, metrics=merged, adapter_state=pushed)
         self._invalidate()
 
     def record_scrape_failure(self, endpoint_name: str, error: str) -> None:
@@ -238,7 +260,10 @@ class Datastore:
                 updated[name] = replace(old, endpoint=endpoint)
             else:
                 updated[name] = EndpointState(endpoint=endpoint)
+                self._scraped.pop(name, None)
         self._endpoints = updated
+        for name in [n for n in self._scraped if n not in updated]:
+            del self._scraped[name]
         self._invalidate()
         log.info("endpoints changed", extra={"endpoints": sorted(e.address for e in wanted.values())})
         for callback in self._endpoint_listeners:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +33,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class PodAdapters:
     registered: frozenset[str] = frozenset()
-    active: frozenset[str] = frozenset()
+    running: frozenset[str] = frozenset()
+    waiting: frozenset[str] = frozenset()
     max_slots: int = 0
+
+    @property
+    def active(self) -> frozenset[str]:
+        return self.running | self.waiting
 
 
 @dataclass(slots=True)
@@ -41,6 +47,7 @@ class StateBoard:
     """The latest adapter state, its version and the events not yet sent; wakes watchers."""
 
     current: PodAdapters = PodAdapters()
+    model_server_port: int = 0
     version: int = 0
     events: list[pb.AdapterEvent] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -68,6 +75,9 @@ class StateBoard:
             max_slots=self.current.max_slots,
             version=self.version,
             events=self.events,
+            running=sorted(self.current.running),
+            waiting=sorted(self.current.waiting),
+            model_server_port=self.model_server_port,
         )
 
 
@@ -85,7 +95,8 @@ class AdapterStateService(pb_grpc.AdapterStateServicer):  # type: ignore[misc]  
         self._poll_interval_s = poll_interval_s
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
-        self.board = StateBoard()
+        self.board = StateBoard(model_server_port=_port_of(self._base))
+        self.watch_streams = 0  # Watch calls since start (an EPP restart shows as one more)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -122,21 +133,25 @@ class AdapterStateService(pb_grpc.AdapterStateServicer):  # type: ignore[misc]  
         if not isinstance(data, list):
             return None
         registered = frozenset(str(m["id"]) for m in data if isinstance(m, dict) and m.get("parent"))
-        active: frozenset[str] = frozenset()
+        running: frozenset[str] = frozenset()
+        waiting: frozenset[str] = frozenset()
         max_slots = self.board.current.max_slots
         if metrics_text:
             try:
                 metrics = parse_metrics(metrics_text, self._clock.now())
-                active, max_slots = metrics.active_adapters, metrics.max_lora
+                running, waiting = metrics.running_adapters, metrics.waiting_adapters
+                max_slots = metrics.max_lora
             except MetricsParseError as error:
                 log.warning("model server metrics unreadable", extra={"error": str(error)})
-        return PodAdapters(registered, active, max_slots)
+        return PodAdapters(registered, running, waiting, max_slots)
 
     # -- gRPC ------------------------------------------------------------------------------
 
     async def Watch(  # gRPC method name
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.State]:
+        self.watch_streams += 1
+        log.info("watch stream opened", extra={"peer": context.peer(), "streams": self.watch_streams})
         sent = 0
         while True:
             message = await self.board.next_after(sent)
@@ -185,9 +200,26 @@ class AdapterStateService(pb_grpc.AdapterStateServicer):  # type: ignore[misc]  
             raise AssertionError("abort raises") from error  # pragma: no cover
 
 
+# The EPP pings every 10 s to notice a vanished peer; gRPC's default server policy would
+# answer pings that frequent on a quiet stream with GOAWAY.
+SERVER_OPTIONS = (
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+
+
+def _port_of(url: str) -> int:
+    try:
+        port = urllib.parse.urlsplit(url).port
+    except ValueError:
+        return 0
+    return port or 0
+
+
 async def serve(service: AdapterStateService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (0 picks a free one)."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_AdapterStateServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()

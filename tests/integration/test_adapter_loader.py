@@ -24,8 +24,9 @@ import pytest
 from epp.adapters.catalog import Catalog
 from epp.adapters.hold import hold_for_adapter
 from epp.adapters.loader import REASON_FAILED, REASON_TIMEOUT, AdapterLoader
+from epp.adapters.preload import Preloader
 from epp.clock import FakeClock, SystemClock
-from epp.datastore.types import InferenceModel
+from epp.datastore.types import InferenceModel, Metrics
 from epp.director import Director
 from epp.errors import EppError
 from epp.localstack import free_port, pick_pod_addresses
@@ -243,13 +244,29 @@ async def test_a_waiter_that_goes_away_does_not_cancel_the_load_for_others(pods:
         await loader.close()
 
 
-async def test_preload_loads_every_catalogue_adapter_on_every_pod(pods: dict[str, SimPod]) -> None:
-    loader = loader_for({"pre-1": "/p1", "pre-2": "/p2"})
+async def test_preload_all_loads_every_catalogue_adapter_on_every_pod(pods: dict[str, SimPod]) -> None:
+    """`preloadStrategy: all` over HTTP: both pods get every adapter; what a pod had is not ours."""
+    hosts = [pods[kind].address.rpartition(":")[0] for kind in ("a", "b")]
+    port = int(pods["a"].address.rpartition(":")[2])
+    clock = FakeClock()
+    store = pool_datastore(hosts, target_ports=(port,), clock=clock)
+    for state in store.snapshot().endpoints:
+        store.update_metrics(state.name, Metrics(updated_at=clock.now()))
+    catalog = Catalog({"pre-1": "/p1", "pre-2": "/p2", "static-one": "/static"}, "all")
+    loader = AdapterLoader(lambda: catalog, clock=SystemClock(), load_timeout_s=30.0)
+    preloader = Preloader(loader, store, clock, concurrency=2)
     try:
-        results = await loader.preload([pods["a"].address, pods["b"].address])
-        assert len(results) == 4 and not any(isinstance(r, EppError) for r in results)
+        async with asyncio.timeout(30), asyncio.TaskGroup() as group:
+            assert preloader.start_due(group) == 2  # the concurrency limit
+            for _ in range(3000):  # bounded: the timeout above ends it first
+                if not (preloader.pending or preloader.start_due(group)):
+                    break
+                await asyncio.sleep(0.01)
         for kind in ("a", "b"):
             assert {"pre-1", "pre-2"} <= pods[kind].models()
+        assert len(preloader.done()) == 6 and preloader.loads_failed == 0
+        assert (pods["a"].address, "static-one") not in loader.owned()  # pod a had it at boot
+        assert loader.owned()[(pods["b"].address, "static-one")] == "preload"
     finally:
         await loader.close()
 
