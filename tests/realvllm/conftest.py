@@ -94,11 +94,11 @@ def _reused_pods(urls: str) -> list[RealPod]:
     return pods
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_pods(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[RealPod]]:
-    """Two healthy real vLLM servers (same port, own 127.x.y.N each), stopped at session end."""
+    """Two healthy real vLLM servers (same port, own 127.x.y.N each), stopped when the tier ends."""
     reuse = os.environ.get("EPP_VLLM_URLS")
     if reuse:
         yield _reused_pods(reuse)
