@@ -7,6 +7,13 @@ updates on (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`). Everything stays on loopba
 (`VLLM_HOST_IP`, `HF_HUB_OFFLINE`). Stop is by PID: SIGTERM to the API server, which stops
 its engine; whatever is left of the process group after a grace period gets SIGKILL.
 
+Each server gets its own process group but stays in the caller's session. A new session
+(`setsid`) would also put it in its own scheduler autogroup (Linux `sched_autogroup_enabled`,
+on by default), and on this 2-core kernel a busy vLLM engine in another autogroup kept
+every other session's waking processes off the CPU for the whole of a request: a scraper
+polling every 50 ms saw nothing until the request had finished. Same session, same group:
+the scraper, the EPP and Envoy get their fair share while vLLM works.
+
 Standalone use (Ctrl-C stops both):
 
     .venv/bin/python -m e2e.real_vllm.servers --vllm-python .venv-vllm/bin/python --models /tmp/models
@@ -157,7 +164,7 @@ def start(
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
-                start_new_session=True,  # its own process group, so stop() reaches the engine too
+                process_group=0,  # stop() reaches the engine too; same session (see module doc)
             )
         servers.append(VllmServer(spec, process, log_path))
     return servers
@@ -203,7 +210,7 @@ def stop(servers: Sequence[VllmServer], *, grace_s: float = STOP_GRACE_S) -> Non
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait(timeout=grace_s)
-        # Engine/worker children live in the server's own process group (start_new_session).
+        # Engine/worker children live in the server's own process group (process_group=0).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(server.process.pid, signal.SIGKILL)
 

@@ -1,13 +1,17 @@
-"""OpenAI/vLLM wire shapes: request parsing, error bodies and response objects (pure functions).
+"""OpenAI/vLLM wire shapes: request meaning, error bodies and response objects (pure functions).
 
-Bodies and messages follow real vLLM 0.32.0 (spec: vllm-metrics.md §6).
+Shapes, defaults and messages are those of a real vLLM 0.32.0 server, checked side by side by
+`tests/realvllm/test_sim_api_diff.py`. Body validation itself is in `epp.sim.schema`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.sim.schema import ChatBody, CompletionBody, StreamOptions
 
 BOS_TOKEN = "<s>"
 
@@ -37,17 +41,17 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, "BadRequestError", message, param)
 
 
+def invalid_parameter(message: str, parameter: str, value: object = None) -> ApiError:
+    """vLLM's 400 for a well-typed field with a bad value: the message names the field (and value)."""
+    suffix = f"parameter={parameter}" if value is None else f"parameter={parameter}, value={value}"
+    return bad_request(f"{message} ({suffix})", parameter)
+
+
 def model_not_found(model: str, base_names: tuple[str, ...]) -> ApiError:
     aliases = ", ".join(base_names)
     return ApiError(
         404, "NotFoundError", f"The model `{model}` does not exist. Valid aliases: {aliases}.", "model"
     )
-
-
-def missing_field(field: str) -> ApiError:
-    """Shape of vLLM's request-validation error for a missing body field."""
-    detail = f"{{'type': 'missing', 'loc': ('body', '{field}'), 'msg': 'Field required', 'input': None}}"
-    return ApiError(400, "Bad Request", f"1 validation error:\n  {detail}", f"body.{field}")
 
 
 def tokenize(text: str) -> list[str]:
@@ -57,72 +61,51 @@ def tokenize(text: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """What the engine needs from a completion or chat body."""
+    """What the engine needs from a completion or chat body: one or more prompts, same settings."""
 
     model: str | None
-    prompt_tokens: tuple[str, ...]
-    max_tokens: int | None
+    prompts: tuple[tuple[str, ...], ...]
+    max_tokens: int | None  # None: the rest of the context (chat's default)
     stream: bool
     include_usage: bool
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw) if raw else None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise bad_request(f"Invalid JSON body: {err}") from None
-    if not isinstance(body, dict):
-        raise bad_request("Request body must be a JSON object")
-    return body
+def _stream_settings(stream: bool | None, options: StreamOptions | None) -> tuple[bool, bool]:
+    """(stream, include_usage); non-empty stream_options without streaming is refused, as vLLM does."""
+    if options is not None and options.model_fields_set and not stream:
+        raise invalid_parameter("Stream options can only be defined when `stream=True`.", "stream_options")
+    return bool(stream), bool(options and options.include_usage)
 
 
-def _common(body: dict[str, Any], prompt_tokens: list[str]) -> GenerationRequest:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
-        raise bad_request("'max_tokens' must be a positive integer", "max_tokens")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise bad_request("'stream_options' must be an object", "stream_options")
-    include_usage = bool(options.get("include_usage", False))
-    return GenerationRequest(model, tuple(prompt_tokens), max_tokens, stream, include_usage)
-
-
-def parse_completion(body: dict[str, Any]) -> GenerationRequest:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+def parse_completion(body: CompletionBody) -> GenerationRequest:
+    """A string, a token-id list, or a batch of either; an empty prompt is refused before any lookup."""
+    stream, include_usage = _stream_settings(body.stream, body.stream_options)
+    prompt = body.prompt
+    if prompt is None or prompt == "":
+        raise invalid_parameter("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
     if isinstance(prompt, str):
-        tokens = tokenize(prompt)
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        tokens = [str(t) for t in prompt]
-    elif prompt is None:
-        raise missing_field("prompt")
+        texts: list[str] | None = [prompt]
+    elif prompt and isinstance(prompt[0], str):
+        texts = [p for p in prompt if isinstance(p, str)]
     else:
-        raise bad_request("'prompt' must be a string, a one-string list or a list of token ids", "prompt")
-    return _common(body, tokens)
+        texts = None
+    if texts is not None:
+        prompts = [tuple(tokenize(t)) if t else () for t in texts]
+    elif prompt and isinstance(prompt[0], list):
+        prompts = [tuple(str(t) for t in ids) for ids in prompt if isinstance(ids, list)]
+    else:
+        prompts = [tuple(str(t) for t in prompt)] if prompt else []
+    return GenerationRequest(body.model, tuple(prompts), body.max_tokens, stream, include_usage)
 
 
-def parse_chat(body: dict[str, Any]) -> GenerationRequest:
-    messages = body.get("messages")
-    if messages is None:
-        raise missing_field("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list", "messages")
+def parse_chat(body: ChatBody) -> GenerationRequest:
+    """Messages rendered as role markers plus words; chat's max_completion_tokens wins over max_tokens."""
+    stream, include_usage = _stream_settings(body.stream, body.stream_options)
+    if body.messages is None:
+        raise bad_request("'NoneType' object is not iterable")
     words: list[str] = []
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+    for message in body.messages:
+        if not isinstance(message.get("role"), str):
             raise bad_request("each message needs a string 'role'", "messages")
         content = message.get("content")
         words.append(f"<|{message['role']}|>")
@@ -134,35 +117,130 @@ def parse_chat(body: dict[str, Any]) -> GenerationRequest:
                     words.extend(part["text"].split())
         elif content is not None:
             raise bad_request("message 'content' must be a string or a list of parts", "messages")
-    words.append("<|assistant|>")
-    return _common(body, [tokenize("")[0], *words])
+    prompts = ((BOS_TOKEN, *words, "<|assistant|>"),) if body.messages else ()
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return GenerationRequest(body.model, prompts, max_tokens, stream, include_usage)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, *, stream: bool = False) -> dict[str, Any]:
+    totals = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+    }
+    return totals if stream else {**totals, "prompt_tokens_details": None, "completion_tokens_details": None}
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "token_ids": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "routed_experts": None,
     }
 
 
-def completion_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+def completion_chunk_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "prompt_token_ids": None,
+        "token_ids": None,
+    }
 
 
 def chat_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
     return {
         "index": 0,
-        "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": []},
+        "message": {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        },
         "logprobs": None,
         "finish_reason": finish_reason,
         "stop_reason": None,
+        "token_ids": None,
+        "routed_experts": None,
     }
 
 
-def chat_chunk_choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+def chat_role_chunk_choice() -> dict[str, Any]:
+    """The first chunk of a chat stream: the role, no text, no stop or token fields yet."""
+    return {
+        "index": 0,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+
+
+def chat_chunk_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None}
+    if finish_reason is None:
+        return {**choice, "finish_reason": None, "token_ids": None}
+    return {**choice, "finish_reason": finish_reason, "stop_reason": None, "token_ids": None}
+
+
+def completion_response(
+    response_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    totals: dict[str, Any],
+    fingerprint: str,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": totals,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def chat_response(
+    response_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    totals: dict[str, Any],
+    fingerprint: str,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": totals,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

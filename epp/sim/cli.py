@@ -93,7 +93,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--default-max-tokens",
         type=_positive_int,
         default=16,
-        help="tokens generated when a request sets no max_tokens",
+        help="tokens a completion without max_tokens generates (vLLM: 16); chat: the rest of the context",
     )
     g.add_argument("--seed", type=int, default=0, help="seed for generated text")
     g.add_argument("--log-level", default="WARNING", help="Python logging level")
@@ -119,7 +119,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         parser,
         "--check-lora-paths",
         default=False,
-        help="runtime loads need lora_path to be an existing directory",
+        help="runtime loads need lora_path to be a directory holding adapter_config.json, as vLLM does "
+        "(off by default, so demos can name adapters that exist nowhere)",
     )
     lg.add_argument(
         "--max-loras", type=_positive_int, default=1, help="GPU adapter slots (adapters per batch)"

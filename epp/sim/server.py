@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from epp.clock import Clock
-from epp.sim import api
+from epp.sim import api, schema
 from epp.sim.driver import EngineDriver
 from epp.sim.engine import Engine, EngineConfig, TokenEvent
 from epp.sim.metrics import CONTENT_TYPE, SimMetrics
@@ -60,13 +61,21 @@ class SimSettings:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """What every choice and chunk of one response shares."""
+
+    response_id: str
+    created: int
+    model: str
+    prompt_tokens: int
+    fingerprint: str
+
+
 def _json(payload: Any, status: int = 200) -> web.Response:
-    """JSON the way vLLM's FastAPI writes it: compact separators."""
-    return web.json_response(payload, status=status, dumps=_compact_dumps)
-
-
-def _compact_dumps(payload: Any) -> str:
-    return json.dumps(payload, separators=(",", ":"))
+    """JSON the way vLLM's FastAPI writes it: compact separators, `application/json` with no charset."""
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
 class SimServer:
@@ -89,7 +98,8 @@ class SimServer:
         )
         self.driver = EngineDriver(self.engine, self.metrics, clock)
         self._rng = random.Random(settings.seed)
-        self._created = int(wall_clock())
+        config = f"{settings.served_model_names}|{settings.max_model_len}|{settings.engine}"
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{hashlib.sha256(config.encode()).hexdigest()[:8]}"
         # Registered adapters (API-server table), in registration order: name -> path.
         self.adapters: dict[str, str] = {}
         for name, path in settings.lora_modules:
@@ -119,6 +129,8 @@ class SimServer:
 
     async def _add_pod_header(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[POD_HEADER] = self.settings.pod_name
+        if isinstance(response, _UntypedResponse):
+            response.headers.popall("Content-Type", None)
 
     @web.middleware
     async def _not_found_middleware(
@@ -147,20 +159,27 @@ class SimServer:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def models(self, request: web.Request) -> web.Response:
+        created = int(self.wall_clock())  # vLLM stamps the cards when asked, not at start
         data = [
-            self._model_card(name, self.settings.model_path or name, None, self.settings.max_model_len)
+            self._model_card(
+                name, self.settings.model_path or name, None, self.settings.max_model_len, created
+            )
             for name in self.settings.served_model_names
         ]
-        data += [self._model_card(name, path, self.base_name, None) for name, path in self.adapters.items()]
+        data += [
+            self._model_card(name, path, self.base_name, None, created)
+            for name, path in self.adapters.items()
+        ]
         return _json({"object": "list", "data": data})
 
+    @staticmethod
     def _model_card(
-        self, name: str, root: str, parent: str | None, max_model_len: int | None
+        name: str, root: str, parent: str | None, max_model_len: int | None, created: int
     ) -> dict[str, Any]:
         return {
             "id": name,
             "object": "model",
-            "created": self._created,
+            "created": created,
             "owned_by": "vllm",
             "root": root,
             "parent": parent,
@@ -169,7 +188,7 @@ class SimServer:
                 {
                     "id": f"modelperm-{secrets.token_hex(8)}",
                     "object": "model_permission",
-                    "created": self._created,
+                    "created": created,
                     "allow_create_engine": False,
                     "allow_sampling": True,
                     "allow_logprobs": True,
@@ -185,12 +204,24 @@ class SimServer:
 
     # ---- generation -----------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_json_object(await request.read())
-        return await self._generate(request, api.parse_completion(body), chat=False)
+        body = schema.read_body(await request.read(), schema.CompletionBody)
+        gen = api.parse_completion(body)
+        adapter, response_model = self._resolve(gen.model)
+        if not gen.prompts:
+            raise api.bad_request("You must pass at least one prompt")
+        if not all(gen.prompts):
+            raise api.bad_request("The decoder prompt cannot be empty")
+        return await self._generate(request, gen, adapter, response_model, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_json_object(await request.read())
-        return await self._generate(request, api.parse_chat(body), chat=True)
+        body = schema.read_body(await request.read(), schema.ChatBody)
+        gen = api.parse_chat(body)
+        adapter, response_model = self._resolve(gen.model)
+        if not gen.prompts:
+            raise api.bad_request(
+                "Cannot apply chat template to an empty conversation. Provide at least one message."
+            )
+        return await self._generate(request, gen, adapter, response_model, chat=True)
 
     def _resolve(self, model: str | None) -> tuple[str | None, str]:
         """(adapter or None for the base, the name responses carry)."""
@@ -200,72 +231,100 @@ class SimServer:
             return model, model
         raise api.model_not_found(model, self.settings.served_model_names)
 
-    async def _generate(
-        self, request: web.Request, gen: api.GenerationRequest, *, chat: bool
-    ) -> web.StreamResponse:
-        adapter, response_model = self._resolve(gen.model)
-        prompt_len = len(gen.prompt_tokens)
+    def _output_budget(self, gen: api.GenerationRequest, chat: bool, prompt_len: int) -> int:
+        """Tokens to generate for one prompt, checked in vLLM's order.
+
+        max_tokens may not exceed the context; a prompt may not fill it; what the prompt leaves
+        then caps max_tokens (vLLM generates up to the context rather than refusing), and the
+        result must be at least 1. Without max_tokens: 16 for completions, the rest of the context
+        for chat.
+        """
         limit = self.settings.max_model_len
-        if prompt_len >= limit:
-            raise api.bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your request has "
-                f"{prompt_len} input tokens. Please reduce the length of the input messages.",
-                "input_tokens",
-            )
-        max_tokens = (
-            gen.max_tokens
-            if gen.max_tokens is not None
-            else min(self.settings.default_max_tokens, limit - prompt_len)
-        )
-        if prompt_len + max_tokens > limit:
-            raise api.bad_request(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-                f"context length is {limit} tokens and your request has {prompt_len} input tokens "
-                f"({max_tokens} > {limit} - {prompt_len}).",
+        if gen.max_tokens is not None and gen.max_tokens > limit:
+            raise api.invalid_parameter(
+                f"max_tokens={gen.max_tokens} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
                 "max_tokens",
+                gen.max_tokens,
             )
+        if prompt_len > limit:
+            raise api.invalid_parameter(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.",
+                "input_tokens",
+                prompt_len,
+            )
+        requested = gen.max_tokens
+        if requested is None:
+            requested = limit if chat else self.settings.default_max_tokens
+        budget = min(requested, limit - prompt_len)
+        if budget < 1:
+            raise api.invalid_parameter(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
+        return budget
+
+    async def _generate(
+        self,
+        request: web.Request,
+        gen: api.GenerationRequest,
+        adapter: str | None,
+        response_model: str,
+        *,
+        chat: bool,
+    ) -> web.StreamResponse:
+        budgets = [self._output_budget(gen, chat, len(prompt)) for prompt in gen.prompts]
+        submitted: list[tuple[str, asyncio.Queue[TokenEvent]]] = []
         try:
-            request_id, tokens = self.driver.submit(adapter, gen.prompt_tokens, max_tokens)
-        except ValueError as err:
-            raise api.bad_request(str(err), "max_tokens") from None
-        self._in_flight += 1
-        prefix = "chatcmpl" if chat else "cmpl"
-        response_id = f"{prefix}-{secrets.token_hex(16)}"
-        created = int(self.wall_clock())
-        try:
-            if gen.stream:
-                return await self._stream(
-                    request, tokens, chat, response_id, created, response_model, prompt_len, gen.include_usage
+            for prompt, budget in zip(gen.prompts, budgets, strict=True):
+                try:
+                    submitted.append(self.driver.submit(adapter, prompt, budget))
+                except ValueError as err:
+                    raise api.bad_request(str(err), "max_tokens") from None
+            self._in_flight += 1
+            try:
+                reply = _Reply(
+                    response_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(8)}",
+                    created=int(self.wall_clock()),
+                    model=response_model,
+                    prompt_tokens=sum(len(p) for p in gen.prompts),
+                    fingerprint=self.fingerprint,
                 )
+                queues = [queue for _, queue in submitted]
+                if gen.stream:
+                    return await self._stream(request, queues, chat, reply, gen.include_usage)
+                return _json(await self._collect(queues, chat, reply))
+            finally:
+                self._in_flight -= 1
+        finally:
+            for request_id, _ in submitted:
+                self.driver.release(request_id)
+
+    async def _collect(
+        self, queues: list[asyncio.Queue[TokenEvent]], chat: bool, reply: _Reply
+    ) -> dict[str, Any]:
+        choices: list[dict[str, Any]] = []
+        generated = 0
+        for index, queue in enumerate(queues):
             texts: list[str] = []
             finish: str | None = None
             while finish is None:
-                event = await tokens.get()
+                finish = (await queue.get()).finish_reason
                 texts.append(self._token_text())
-                finish = event.finish_reason
+            generated += len(texts)
             text = "".join(texts)
-            payload: dict[str, Any] = {
-                "id": response_id,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": created,
-                "model": response_model,
-                "choices": [api.chat_choice(text, finish) if chat else api.completion_choice(text, finish)],
-                "usage": api.usage(prompt_len, len(texts)),
-            }
-            return _json(payload)
-        finally:
-            self._in_flight -= 1
-            self.driver.release(request_id)
+            choices.append(
+                api.chat_choice(text, finish) if chat else api.completion_choice(index, text, finish)
+            )
+        build = api.chat_response if chat else api.completion_response
+        totals = api.usage(reply.prompt_tokens, generated)
+        return build(reply.response_id, reply.created, reply.model, choices, totals, reply.fingerprint)
 
     async def _stream(
         self,
         request: web.Request,
-        tokens: asyncio.Queue[TokenEvent],
+        queues: list[asyncio.Queue[TokenEvent]],
         chat: bool,
-        response_id: str,
-        created: int,
-        model: str,
-        prompt_len: int,
+        reply: _Reply,
         include_usage: bool,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -273,50 +332,58 @@ class SimServer:
         )
         await response.prepare(request)
         try:
-            await self._write_stream(
-                response, tokens, chat, response_id, created, model, prompt_len, include_usage
-            )
+            await self._write_stream(response, queues, chat, reply, include_usage)
         except ConnectionResetError:
-            log.info("client closed the stream", extra={"response_id": response_id})
+            log.info("client closed the stream", extra={"response_id": reply.response_id})
         return response
 
     async def _write_stream(
         self,
         response: web.StreamResponse,
-        tokens: asyncio.Queue[TokenEvent],
+        queues: list[asyncio.Queue[TokenEvent]],
         chat: bool,
-        response_id: str,
-        created: int,
-        model: str,
-        prompt_len: int,
+        reply: _Reply,
         include_usage: bool,
     ) -> None:
+        """vLLM's chunk sequence: (chat) a role chunk, then one chunk per token.
+
+        The prompts of a batch decode side by side, so their chunks interleave step by step.
+        The fingerprint rides on the usage chunk when there is one, else on the last token chunk.
+        """
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-            return {"id": response_id, "object": obj, "created": created, "model": model, "choices": choices}
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+            return {
+                "id": reply.response_id, "object": obj, "created": reply.created, "model": reply.model,
+                "choices": choices, **extra,
+            }  # fmt: skip
 
         if chat:
             await response.write(
-                api.sse(chunk([api.chat_chunk_choice({"role": "assistant", "content": ""}, None)]))
+                api.sse(chunk([api.chat_role_chunk_choice()], prompt_token_ids=None, prompt_text=None))
             )
         generated = 0
-        finish: str | None = None
-        while finish is None:
-            event = await tokens.get()
-            generated += 1
-            finish = event.finish_reason
-            text = self._token_text()
-            choice = (
-                api.chat_chunk_choice({"content": text}, finish)
-                if chat
-                else api.completion_choice(text, finish)
-            )
-            await response.write(api.sse(chunk([choice])))
+        decoding = list(enumerate(queues))
+        while decoding:
+            still_decoding = []
+            for position, (index, queue) in enumerate(decoding):
+                finish = (await queue.get()).finish_reason
+                generated += 1
+                if finish is None:
+                    still_decoding.append((index, queue))
+                text = self._token_text()
+                choice = (
+                    api.chat_chunk_choice(text, finish)
+                    if chat
+                    else api.completion_chunk_choice(index, text, finish)
+                )
+                last = not include_usage and not still_decoding and position == len(decoding) - 1
+                extra = {"system_fingerprint": reply.fingerprint} if last else {}
+                await response.write(api.sse(chunk([choice], **extra)))
+            decoding = still_decoding
         if include_usage:
-            final = chunk([])
-            final["usage"] = api.usage(prompt_len, generated)
-            await response.write(api.sse(final))
+            totals = api.usage(reply.prompt_tokens, generated, stream=True)
+            await response.write(api.sse(chunk([], usage=totals, system_fingerprint=reply.fingerprint)))
         await response.write(api.sse("[DONE]"))
         await response.write_eof()
 
@@ -330,51 +397,57 @@ class SimServer:
     async def load_lora_adapter(self, request: web.Request) -> web.Response:
         if not self._runtime_lora_allowed():
             return _json({"detail": "Not Found"}, status=404)
-        body = api.parse_json_object(await request.read())
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name:
-            raise api.missing_field("lora_name")
-        if not isinstance(path, str):
-            raise api.missing_field("lora_path")
+        body = schema.read_body(await request.read(), schema.LoadLoraBody)
+        name, path = body.lora_name, body.lora_path
+        if not name or not path:
+            raise _invalid_lora_input("Both 'lora_name' and 'lora_path' must be provided.")
         if name in self.settings.served_model_names:
-            raise api.ApiError(
-                400, "InvalidUserInput", f"The lora adapter '{name}' conflicts with a served base model."
-            )
-        if name in self.adapters and not body.get("load_inplace", False):
-            raise api.ApiError(
-                400,
-                "InvalidUserInput",
+            raise _invalid_lora_input(f"The lora adapter '{name}' conflicts with a served base model.")
+        if name in self.adapters and not body.load_inplace:
+            raise _invalid_lora_input(
                 f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in "
-                "place, set 'load_inplace' to True.",
+                "place, set 'load_inplace' to True."
             )
-        if not path or (self.settings.check_lora_paths and not await asyncio.to_thread(os.path.isdir, path)):
+        if self.settings.check_lora_paths and not await asyncio.to_thread(_holds_adapter, path):
+            shown = "<path>" if os.path.isabs(path) else path  # vLLM keeps absolute paths out of errors
             raise api.ApiError(
-                404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {path}"
+                404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {shown}"
             )
         await self.clock.sleep(self.settings.engine.lora_load_latency_s)
         self.engine.lora.load_to_cpu(name, self.engine.pinned_adapters())
         self.adapters[name] = path
         log.info("lora adapter loaded", extra={"adapter": name, "path": path})
-        return self._plain_text(f"Success: LoRA adapter '{name}' added successfully.")
+        return _untyped_text(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora_adapter(self, request: web.Request) -> web.Response:
         if not self._runtime_lora_allowed():
             return _json({"detail": "Not Found"}, status=404)
-        name: Any = request.match_info.get("adapter_name")
+        name = request.match_info.get("adapter_name")
         if name is None:
-            body = api.parse_json_object(await request.read())
-            name = body.get("lora_name")
-            if not isinstance(name, str) or not name:
-                raise api.missing_field("lora_name")
+            name = schema.read_body(await request.read(), schema.UnloadLoraBody).lora_name
+        if not name:
+            raise _invalid_lora_input("'lora_name' needs to be provided to unload a LoRA adapter.")
         if name not in self.adapters:
             raise api.ApiError(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
         # Like vLLM: only the API table forgets it; weights leave the caches by LRU eviction.
         del self.adapters[name]
         log.info("lora adapter unloaded", extra={"adapter": name})
-        return self._plain_text(f"Success: LoRA adapter '{name}' removed successfully.")
+        return _untyped_text(f"Success: LoRA adapter '{name}' removed successfully.")
 
-    @staticmethod
-    def _plain_text(text: str) -> web.Response:
-        response = web.Response(body=text.encode())
-        response.content_type = "text/plain"
-        return response
+
+def _holds_adapter(path: str) -> bool:
+    """A PEFT adapter directory: vLLM reads its adapter_config.json first."""
+    return os.path.isfile(os.path.join(path, "adapter_config.json"))
+
+
+def _invalid_lora_input(message: str) -> api.ApiError:
+    return api.ApiError(400, "InvalidUserInput", message)
+
+
+class _UntypedResponse(web.Response):
+    """A body sent with no Content-Type header (aiohttp would add application/octet-stream)."""
+
+
+def _untyped_text(text: str) -> web.Response:
+    """vLLM answers a LoRA load or unload with bare text and no Content-Type header at all."""
+    return _UntypedResponse(body=text.encode())

@@ -177,6 +177,7 @@ async def test_a_failed_load_is_a_clear_503_and_breaks_nothing_else(
 ) -> None:
     good = tmp_path / "good-lora"
     good.mkdir()
+    (good / "adapter_config.json").write_text("{}")
     loader = loader_for({"broken": str(tmp_path / "missing"), "fine": str(good)})
     strict = pods["strict"]
     try:

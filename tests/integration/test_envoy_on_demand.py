@@ -36,6 +36,7 @@ def demand_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
     root = tmp_path_factory.mktemp("adapters")
     for name in ("legal-lora", "code-lora"):
         (root / name).mkdir()
+        (root / name / "adapter_config.json").write_text("{}")
     catalog = root / "adapters.yaml"
     catalog.write_text(
         "preloadStrategy: demand\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pathlib
 import subprocess
 import sys
 import time
@@ -124,20 +125,22 @@ async def watching(address: str, states: States) -> AsyncIterator[SidecarWatcher
 
 
 async def test_state_is_pushed_and_loads_run_on_the_pod(
-    sidecar: tuple[str, list[subprocess.Popen[bytes]]], tmp_path: object
+    sidecar: tuple[str, list[subprocess.Popen[bytes]]], tmp_path: pathlib.Path
 ) -> None:
     address, _ = sidecar
+    (tmp_path / "adapter_config.json").write_text("{}")
+    adapter_dir = str(tmp_path)
     states = States()
     async with watching(address, states):
         first = await states.until(lambda s: "static-one" in s.registered, "initial state")
         assert first.version >= 1 and "pushed" not in first.registered
         async with grpc.aio.insecure_channel(address) as channel:
             stub = pb_grpc.AdapterStateStub(channel)
-            reply = await stub.Load(pb.LoadRequest(adapter="pushed", path="/"))
+            reply = await stub.Load(pb.LoadRequest(adapter="pushed", path=adapter_dir))
             assert reply.loaded_now
             loaded = await states.until(lambda s: "pushed" in s.registered, "state after load")
             assert [(e.kind, e.adapter) for e in loaded.events] == [(pb.AdapterEvent.LOADED, "pushed")]
-            again = await stub.Load(pb.LoadRequest(adapter="pushed", path="/"))
+            again = await stub.Load(pb.LoadRequest(adapter="pushed", path=adapter_dir))
             assert not again.loaded_now
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.Load(pb.LoadRequest(adapter="nowhere", path="/no/such/dir"))

@@ -61,6 +61,7 @@ def stop_sim(sim: SimProcess) -> int:
 def sim(tmp_path: Path) -> Iterator[SimProcess]:
     adapter_dir = tmp_path / "lora-c"
     adapter_dir.mkdir()
+    (adapter_dir / "adapter_config.json").write_text("{}")  # what makes a directory an adapter
     proc = start_sim(
         "127.0.0.2",
         "--pod-name", "pod-a",
@@ -168,6 +169,7 @@ async def test_completions_and_chat_answer_like_vllm(sim: SimProcess, http: aioh
         "total_tokens": 7,
         "completion_tokens": 3,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     aliased = await complete(http, sim.url, "base-alias")
     assert aliased["model"] == "base"  # the first served name, as vLLM answers
@@ -216,9 +218,10 @@ async def test_streaming_is_well_formed_sse(sim: SimProcess, http: aiohttp.Clien
         ({"model": "no-such-model", "prompt": "x"}, 404, "NotFoundError", "model"),
         ({"model": "base/a", "prompt": "x"}, 404, "NotFoundError", "model"),
         ({"model": "base", "prompt": "x", "max_tokens": 600}, 400, "BadRequestError", "max_tokens"),
-        ({"model": "base"}, 400, "Bad Request", "body.prompt"),
+        ({"model": "base"}, 400, "BadRequestError", "prompt"),
+        ({"model": "base", "prompt": "x", "max_tokens": "many"}, 400, "Bad Request", "body.max_tokens"),
     ],
-    ids=["unknown-model", "base-slash-adapter", "max-tokens-too-large", "no-prompt"],
+    ids=["unknown-model", "base-slash-adapter", "max-tokens-too-large", "no-prompt", "not-a-number"],
 )
 async def test_bad_requests_get_vllm_error_bodies(
     sim: SimProcess,
@@ -321,10 +324,10 @@ async def test_runtime_load_and_unload(sim: SimProcess, http: aiohttp.ClientSess
     status, text, _ = await post("/v1/load_lora_adapter", {"lora_name": "base", "lora_path": adapter_dir})
     assert status == 400 and "conflicts with a served base model" in text
     status, text, _ = await post("/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": "/no/such/dir"})
-    assert status == 404
-    assert (
-        json.loads(text)["error"]["message"] == "Loading lora bad failed: No adapter found for /no/such/dir"
-    )
+    assert status == 404  # absolute paths stay out of error messages, as in vLLM
+    assert json.loads(text)["error"]["message"] == "Loading lora bad failed: No adapter found for <path>"
+    status, text, _ = await post("/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": str(tmp_path)})
+    assert status == 404  # a directory, but no adapter in it
     status, text, _ = await post("/v1/load_lora_adapter", {"lora_name": "d"})
     assert status == 400 and json.loads(text)["error"]["param"] == "body.lora_path"
 

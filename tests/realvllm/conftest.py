@@ -3,8 +3,8 @@
 The vLLM interpreter is `$EPP_VLLM_PYTHON`, default `.venv-vllm/bin/python` (made by
 `e2e/real_vllm/install.sh`). Without it the tier shows as one skipped test with the reason. The
 session builds the tiny model and adapters (`e2e/real_vllm/make_models.py`, seconds), starts
-both servers in parallel under the launcher `python -m e2e.real_vllm.servers`, waits for its
-"healthy" line, and stops the launcher (which stops the servers) at the end.
+both servers in parallel (`e2e/real_vllm/servers.py`), waits for `/health` and stops them when
+the tier ends.
 
 `EPP_VLLM_URLS=http://127.a.b.2:P,http://127.a.b.3:P` reuses servers already running (same
 port, as `python -m e2e.real_vllm.servers` starts them) instead of starting new ones; they
@@ -13,18 +13,11 @@ must serve `tiny-llama` with lora-0 … lora-3 and `--max-loras 2`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
-import queue
-import signal
 import subprocess
-import sys
-import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
-from typing import IO
 
 import pytest
 
@@ -104,72 +97,14 @@ def real_pods(
         yield _reused_pods(reuse)
         return
     models: pathlib.Path = request.getfixturevalue("models_dir")
-    launcher, pods = _launch(models, tmp_path_factory.mktemp("vllm-logs"))
+    servers = vllm_servers.start(
+        vllm_python(), models, vllm_servers.default_specs(2), log_dir=tmp_path_factory.mktemp("vllm-logs")
+    )
     try:
-        yield pods
-    finally:
-        _stop_launcher(launcher)
-
-
-def _launch(models: pathlib.Path, log_dir: pathlib.Path) -> tuple[subprocess.Popen[str], list[RealPod]]:
-    """Start both servers under `python -m e2e.real_vllm.servers` and wait for its "healthy" line.
-
-    The servers run under that launcher rather than as pytest's own children: started straight
-    from the pytest process, their `/metrics` gauges were seen to miss whole requests on a busy
-    2-core machine (every such run), while the same servers under the launcher (which is also how
-    `EPP_VLLM_URLS` servers are started by hand) reported every request.
-    """
-    launcher = subprocess.Popen(
-        [
-            sys.executable, "-m", "e2e.real_vllm.servers", "--vllm-python", str(vllm_python()),
-            "--models", str(models), "--log-dir", str(log_dir),
-        ],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    assert launcher.stdout is not None
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump, args=(launcher.stdout, lines), daemon=True).start()
-    output: list[str] = []
-    pods: list[RealPod] = []
-    deadline = time.monotonic() + vllm_servers.START_TIMEOUT_S + 60
-    while time.monotonic() < deadline:
         try:
-            line = lines.get(timeout=5.0)
-        except queue.Empty:
-            continue
-        if line is None:  # the launcher exited
-            break
-        output.append(line)
-        fields = line.split()
-        if len(fields) >= 4 and fields[1] == "pid":  # "<name> pid <pid> <url> log <path>"
-            url = urllib.parse.urlsplit(fields[3])
-            assert url.hostname and url.port
-            pods.append(RealPod(fields[0], url.hostname, url.port))
-        if line.startswith("healthy after"):
-            return launcher, pods
-    _stop_launcher(launcher)
-    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
-    pytest.fail(f"real vLLM servers did not start:\n{''.join(output)[-3000:]}\n{logs}")
-
-
-def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
-    """Hand the launcher's output to the fixture line by line; None once it closes."""
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def _stop_launcher(launcher: subprocess.Popen[str]) -> None:
-    """SIGTERM the launcher (it stops both servers), then SIGKILL whatever is left."""
-    if launcher.poll() is None:
-        launcher.send_signal(signal.SIGTERM)
-    try:
-        launcher.wait(timeout=vllm_servers.STOP_GRACE_S * 3)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait(timeout=vllm_servers.STOP_GRACE_S)
+            vllm_servers.wait_healthy(servers)
+        except vllm_servers.ServerStartError as err:
+            pytest.fail(f"real vLLM servers did not start: {err}")
+        yield [RealPod(s.spec.name, s.spec.host, s.spec.port) for s in servers]
+    finally:
+        vllm_servers.stop(servers)

@@ -1,4 +1,4 @@
-"""Request parsing and vLLM error bodies."""
+"""What a validated completion or chat body means to the engine, and vLLM's error bodies."""
 
 from __future__ import annotations
 
@@ -6,39 +6,52 @@ from typing import Any
 
 import pytest
 
-from epp.sim import api
+from epp.sim import api, schema
+
+
+def completion(body: dict[str, Any]) -> api.GenerationRequest:
+    return api.parse_completion(schema.CompletionBody.model_validate(body))
+
+
+def chat(body: dict[str, Any]) -> api.GenerationRequest:
+    return api.parse_chat(schema.ChatBody.model_validate(body))
 
 
 @pytest.mark.parametrize(
-    ("body", "tokens", "max_tokens", "stream", "include_usage"),
+    ("body", "prompts", "max_tokens", "stream", "include_usage"),
     [
-        ({"prompt": "a b c"}, ("<s>", "a", "b", "c"), None, False, False),
-        ({"prompt": ["a b"], "max_tokens": 5}, ("<s>", "a", "b"), 5, False, False),
-        ({"prompt": [1, 2, 3], "stream": True}, ("1", "2", "3"), None, True, False),
-        (
-            {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}},
-            ("<s>", "x"),
-            None,
-            True,
-            True,
-        ),
+        ({"prompt": "a b c"}, (("<s>", "a", "b", "c"),), None, False, False),
+        ({"prompt": ["a b", "c"], "max_tokens": 5}, (("<s>", "a", "b"), ("<s>", "c")), 5, False, False),
+        ({"prompt": [1, 2, 3], "stream": True}, (("1", "2", "3"),), None, True, False),
+        ({"prompt": [[1, 2], [3]]}, (("1", "2"), ("3",)), None, False, False),
+        ({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, (("<s>", "x"),), None,
+         True, True),
+        ({"prompt": "x", "max_tokens": "2", "stream": "yes"}, (("<s>", "x"),), 2, True, False),
     ],
-    ids=["string", "one-string-list", "token-ids", "include-usage"],
-)
+    ids=["string", "batch-of-strings", "token-ids", "batch-of-token-lists", "include-usage", "lax-types"],
+)  # fmt: skip
 def test_parse_completion(
-    body: dict[str, Any], tokens: tuple[str, ...], max_tokens: int | None, stream: bool, include_usage: bool
+    body: dict[str, Any],
+    prompts: tuple[tuple[str, ...], ...],
+    max_tokens: int | None,
+    stream: bool,
+    include_usage: bool,
 ) -> None:
-    request = api.parse_completion(body)
-    assert (request.prompt_tokens, request.max_tokens, request.stream, request.include_usage) == (
-        tokens,
+    request = completion(body)
+    assert (request.prompts, request.max_tokens, request.stream, request.include_usage) == (
+        prompts,
         max_tokens,
         stream,
         include_usage,
     )
 
 
+def test_completions_ignore_max_completion_tokens() -> None:
+    assert completion({"prompt": "x", "max_completion_tokens": 3}).max_tokens is None
+
+
 def test_parse_chat_renders_roles_and_parts() -> None:
-    request = api.parse_chat(
+    request = chat(
         {
             "messages": [
                 {"role": "system", "content": "be brief"},
@@ -46,36 +59,46 @@ def test_parse_chat_renders_roles_and_parts() -> None:
             ]
         }
     )
-    assert request.prompt_tokens == ("<s>", "<|system|>", "be", "brief", "<|user|>", "hi", "<|assistant|>")
+    assert request.prompts == (("<s>", "<|system|>", "be", "brief", "<|user|>", "hi", "<|assistant|>"),)
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "max_completion_tokens": 3}
+    assert chat(body).max_tokens == 3
+
+
+def test_chat_without_messages_has_no_prompt() -> None:
+    assert chat({"messages": []}).prompts == ()
 
 
 @pytest.mark.parametrize(
-    ("parse", "body", "param"),
+    ("parse", "body", "message", "param"),
     [
-        (api.parse_completion, {}, "body.prompt"),
-        (api.parse_completion, {"prompt": {"a": 1}}, "prompt"),
-        (api.parse_completion, {"prompt": "x", "max_tokens": 0}, "max_tokens"),
-        (api.parse_completion, {"prompt": "x", "max_tokens": True}, "max_tokens"),
-        (api.parse_completion, {"prompt": "x", "model": 3}, "model"),
-        (api.parse_completion, {"prompt": "x", "stream": "yes"}, "stream"),
-        (api.parse_chat, {}, "body.messages"),
-        (api.parse_chat, {"messages": []}, "messages"),
-        (api.parse_chat, {"messages": [{"content": "x"}]}, "messages"),
+        (completion, {}, "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+         "prompt"),
+        (completion, {"prompt": ""}, "Either prompt or prompt_embeds must be provided and non-empty. "
+         "(parameter=prompt)", "prompt"),
+        (completion, {"prompt": "x", "stream_options": {"include_usage": True}},
+         "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+         "stream_options"),
+        (chat, {"messages": None}, "'NoneType' object is not iterable", None),
+        (chat, {"messages": [{"content": "x"}]}, "each message needs a string 'role'", "messages"),
     ],
-    ids=["no-prompt", "prompt-object", "zero-max-tokens", "bool-max-tokens", "model-not-string",
-         "stream-not-bool", "no-messages", "empty-messages", "message-without-role"],
+    ids=["no-prompt", "empty-prompt", "stream-options-without-stream", "null-messages",
+         "message-without-role"],
 )  # fmt: skip
-def test_bad_bodies_raise_400(parse: Any, body: dict[str, Any], param: str) -> None:
+def test_meaningless_bodies_raise_400(
+    parse: Any, body: dict[str, Any], message: str, param: str | None
+) -> None:
     with pytest.raises(api.ApiError) as caught:
         parse(body)
-    assert caught.value.status == 400
-    assert caught.value.body()["error"]["param"] == param
+    assert caught.value.body() == {
+        "error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+    }
 
 
-@pytest.mark.parametrize("raw", [b"", b"{bad", b"[1]", b"\xff"], ids=["empty", "broken", "array", "not-utf8"])
-def test_parse_json_object_rejects_non_objects(raw: bytes) -> None:
-    with pytest.raises(api.ApiError):
-        api.parse_json_object(raw)
+def test_empty_stream_options_without_stream_are_accepted() -> None:
+    assert completion({"prompt": "x", "stream_options": {}}).stream is False
 
 
 def test_model_not_found_body_is_vllms() -> None:
@@ -89,6 +112,17 @@ def test_model_not_found_body_is_vllms() -> None:
             "code": 404,
         }
     }
+
+
+def test_usage_details_differ_between_replies_and_streams() -> None:
+    assert api.usage(3, 2) == {
+        "prompt_tokens": 3,
+        "total_tokens": 5,
+        "completion_tokens": 2,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+    assert api.usage(3, 2, stream=True) == {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2}
 
 
 def test_sse_framing() -> None:
