@@ -6,7 +6,8 @@ The same requests go to a real server and to the simulator (started with the ser
 - status code and Content-Type header (or its absence) always;
 - JSON bodies by shape: the same keys at every level, the same JSON types, the same number of
   choices; error bodies exactly (message, type, param, code);
-- streams chunk by chunk: the same sequence of chunk shapes and finish reasons, and `[DONE]`;
+- streams chunk by chunk: the same sequence of chunk shapes and finish reasons for each choice,
+  then the usage chunk and `[DONE]`;
 - plain-text bodies exactly.
 
 Prompts are token-id lists so both count the same input tokens, and `ignore_eos` makes both
@@ -194,6 +195,16 @@ def stream_view(case: Case, chunk: Any) -> Any:
     return view
 
 
+def per_choice(views: list[Any]) -> list[Any]:
+    """Chunks grouped by choice, in order within each: how a batch's choices interleave follows
+    the engine's step timing in vLLM (seen both 0,1,0,1 and 0,0,1,1 for the same request)."""
+
+    def choice(view: Any) -> float:
+        return view["indices"][0] if view != "[DONE]" and view["indices"] else float("inf")
+
+    return sorted(views, key=choice)
+
+
 def compare(case: Case, real: tuple[int, str | None, bytes], sim: tuple[int, str | None, bytes]) -> list[str]:
     (r_status, r_type, r_body), (s_status, s_type, s_body) = real, sim
     problems = []
@@ -204,8 +215,8 @@ def compare(case: Case, real: tuple[int, str | None, bytes], sim: tuple[int, str
     if problems:
         return [*problems, f"real body: {r_body[:400]!r}", f"sim body: {s_body[:400]!r}"]
     if r_type and r_type.startswith("text/event-stream"):
-        real_view = [stream_view(case, c) for c in sse_chunks(r_body)]
-        sim_view = [stream_view(case, c) for c in sse_chunks(s_body)]
+        real_view = per_choice([stream_view(case, c) for c in sse_chunks(r_body)])
+        sim_view = per_choice([stream_view(case, c) for c in sse_chunks(s_body)])
         if real_view != sim_view:
             problems.append(f"stream: real {real_view}\n      sim {sim_view}")
         return problems
@@ -288,3 +299,21 @@ def test_the_comparison_catches_a_difference() -> None:
         p.startswith("error")
         for p in compare(case, (400, "application/json", error), (400, "application/json", reworded))
     )
+
+
+def test_streams_are_compared_per_choice() -> None:
+    """Interleaving of a batch's choices may differ; a chunk's shape or finish reason may not."""
+    case = Case("POST", COMPLETIONS, {"prompt": [IDS, IDS]}, "self-check-stream")
+
+    def stream(*chunks: tuple[int, str | None]) -> tuple[int, str, bytes]:
+        events = [
+            {"object": "text_completion", "choices": [{"index": i, "finish_reason": f}]} for i, f in chunks
+        ]
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        return 200, "text/event-stream; charset=utf-8", body
+
+    interleaved = stream((0, None), (1, None), (0, "length"), (1, "length"))
+    in_turn = stream((0, None), (0, "length"), (1, None), (1, "length"))
+    assert compare(case, interleaved, in_turn) == []
+    stopped = stream((0, None), (0, "stop"), (1, None), (1, "length"))
+    assert any(p.startswith("stream") for p in compare(case, interleaved, stopped))
