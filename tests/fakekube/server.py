@@ -35,6 +35,7 @@ in a background thread, so it serves while the test's loop (or a blocked client)
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import datetime
 import json
@@ -400,7 +401,9 @@ class FakeKube:
 
         loop.call_soon_threadsafe(locked)
 
-    def _dependents(self, namespace: str, owner_uid: str) -> list[tuple[ResourceKey, ObjectKey, Obj]]:
+    def _dependents(
+        self, namespace: str, owner_uid: str
+    ) -> builtins.list[tuple[ResourceKey, ObjectKey, Obj]]:  # `list` is also a method here
         return [
             (resource, key, obj)
             for resource, store in self._objects.items()

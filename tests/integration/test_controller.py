@@ -411,7 +411,7 @@ def test_deleting_the_service_collects_everything_it_made_and_nothing_else(kube:
     reconcile(kube)
     made = set(owned(kube))
     assert len(made) == 12
-    users = [
+    users: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "users-own"}, "data": {"k": "v"}},
         {  # labelled like the controller's, but not owned by the service
             "apiVersion": MODEL_API,

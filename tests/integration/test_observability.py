@@ -42,7 +42,7 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
-class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     """An OTLP/gRPC trace endpoint that keeps what it receives (a sync server: exporters block)."""
 
     def __init__(self) -> None:
@@ -89,7 +89,7 @@ async def test_metrics_decisions_and_traces(
 ) -> None:
     receiver = OtlpReceiver()
     otlp = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, otlp)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, otlp)  # type: ignore[no-untyped-call]
     otlp_port = otlp.add_insecure_port("127.0.0.1:0")
     otlp.start()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{otlp_port}")

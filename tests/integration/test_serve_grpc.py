@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
 
 import aiohttp
 import grpc
@@ -157,7 +158,8 @@ async def start(s: ServeSettings) -> Running:
     stop = asyncio.Event()
     started: asyncio.Future[BoundPorts] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(serve(s, stop=stop, on_started=started.set_result))
-    done, _ = await asyncio.wait({task, started}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    waiting: set[asyncio.Future[Any]] = {task, started}
+    done, _ = await asyncio.wait(waiting, timeout=20, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         task.result()  # raises the start-up error
     assert started in done, "server did not start"
@@ -220,7 +222,7 @@ async def wait_serving(port: int, service: str) -> int:
 def destination(reply: pb.ProcessingResponse) -> str:
     options = reply.request_headers.response.header_mutation.set_headers
     return next(
-        o.header.raw_value.decode() for o in options if o.header.key == "x-gateway-destination-endpoint"
+        str(o.header.raw_value.decode()) for o in options if o.header.key == "x-gateway-destination-endpoint"
     )
 
 

@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if here in pathlib.Path(str(item.fspath)).parents]
     for item in ours:
         item.add_marker(pytest.mark.realvllm)
-        # The first test also waits for the session's servers to start (≈ 1 min on 2 cores, more on a loaded machine).
+        # The first test also waits for the servers to start (≈ 1 min on 2 cores, more when loaded).
         item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
     reason = None if not ours or os.environ.get("EPP_VLLM_URLS") else _vllm_missing_reason()
     if reason is None:

@@ -46,7 +46,7 @@ def test_a_push_newer_than_the_scrape_gives_the_adapter_view_and_keeps_the_queue
     assert state.adapter_state is not None and state.adapter_state.registered == {"a", "b"}
     m = state.metrics
     assert m is not None
-    assert (m.running_adapters, m.waiting_adapters, m.max_lora) == ({"a"}, {"b"}, 4)
+    assert (m.running_adapters, m.waiting_adapters, m.max_lora) == (frozenset({"a"}), frozenset({"b"}), 4)
     assert m.updated_at == clock.now()  # the residency model folds the push in at once
     assert (m.waiting_requests, m.kv_cache_usage) == (3, 0.5)
 

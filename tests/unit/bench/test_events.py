@@ -90,8 +90,8 @@ def test_scheduler_sees_only_scraped_metrics() -> None:
         workload.generate(dataclasses.replace(spec, duration_s=5.0), seed=1),
         seed=1,
         scheduler=Recorder(),
-        admission=AdmitAll(),
-    )  # type: ignore[arg-type]
+        admission=AdmitAll(),  # type: ignore[arg-type]
+    )
     assert any(seen)
 
 

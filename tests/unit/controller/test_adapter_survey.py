@@ -15,12 +15,12 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32
 @pytest.mark.parametrize(
     ("capture", "expected"),
     [
-        ("models_startup.json", {"lora-0", "lora-1", "lora-2"}),
-        ("models_after_load.json", {"lora-0", "lora-1", "lora-2", "lora-3", "lora-4"}),
+        ("models_startup.json", frozenset({"lora-0", "lora-1", "lora-2"})),
+        ("models_after_load.json", frozenset({"lora-0", "lora-1", "lora-2", "lora-3", "lora-4"})),
     ],
     ids=["registered-at-start", "after-runtime-loads"],
 )
-def test_registered_adapters_are_the_entries_with_a_parent(capture: str, expected: set[str]) -> None:
+def test_registered_adapters_are_the_entries_with_a_parent(capture: str, expected: frozenset[str]) -> None:
     assert registered_adapters((FIXTURES / capture).read_bytes()) == expected
 
 

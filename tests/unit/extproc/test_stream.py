@@ -91,11 +91,8 @@ def removed_headers(reply: pb.ProcessingResponse, phase: str = "request_headers"
 
 
 def metadata_destination(reply: pb.ProcessingResponse) -> str:
-    return (
-        reply.dynamic_metadata.fields["envoy.lb"]
-        .struct_value.fields["x-gateway-destination-endpoint"]
-        .string_value
-    )
+    fields = reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    return str(fields["x-gateway-destination-endpoint"].string_value)
 
 
 def streamed(reply: pb.ProcessingResponse, phase: str = "request_body") -> tuple[bytes, bool]:

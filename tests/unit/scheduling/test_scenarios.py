@@ -7,9 +7,9 @@ from tests.unit.scheduling.podsim import SimResult, run_sim, zipf_adapters
 
 
 def _run(policy: str, **overrides: object) -> SimResult:
-    adapters, weights = zipf_adapters(
-        int(overrides.pop("n_adapters", 24)), float(overrides.pop("alpha", 1.0))
-    )  # type: ignore[arg-type]
+    n_adapters, alpha = overrides.pop("n_adapters", 24), overrides.pop("alpha", 1.0)
+    assert isinstance(n_adapters, int) and isinstance(alpha, int | float)
+    adapters, weights = zipf_adapters(n_adapters, float(alpha))
     params: dict[str, object] = {
         "pods": 8,
         "max_lora": 2,
