@@ -8,7 +8,6 @@ readiness is checked over the wire (sim `/health`, EPP gRPC health, Envoy `/read
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import pathlib
@@ -94,23 +93,35 @@ def _port_is_free(host: str, port: int) -> bool:
         return True
 
 
+def epp_ready(health_port: int) -> bool:
+    """Whether `epp serve` answers SERVING for `readiness` on its gRPC health port."""
+    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 def pick_pod_addresses(count: int, rng: random.Random) -> tuple[list[str], int]:
     """`count` addresses in one random 127.x.y.0/24 and a port free on every one of them."""
     for _ in range(50):
         prefix = f"127.{rng.randint(1, 254)}.{rng.randint(1, 254)}"
         hosts = [f"{prefix}.{i}" for i in range(2, 2 + count)]
-        port = free_port(hosts[0])
-        if all(_port_is_free(host, port) for host in hosts):
+        port = _port_free_on_all(hosts, tries=1)
+        if port is not None:
             return hosts, port
     raise StackError("no port free on every pod address")
 
 
-def _port_free_on_all(hosts: Sequence[str]) -> int:
-    for _ in range(50):
+def _port_free_on_all(hosts: Sequence[str], tries: int = 50) -> int | None:
+    """A port the kernel gave on the first host that is also free on the others, if found."""
+    for _ in range(tries):
         port = free_port(hosts[0])
         if all(_port_is_free(host, port) for host in hosts):
             return port
-    raise StackError("no sidecar port free on every pod address")
+    return None
 
 
 def pool_yaml(
@@ -225,7 +236,10 @@ class LocalStack:
         for pod in self.pods:
             self._start_sim(pod)
         if opts.sidecars:
-            self.sidecar_port = _port_free_on_all(hosts)
+            sidecar_port = _port_free_on_all(hosts)
+            if sidecar_port is None:
+                raise StackError("no sidecar port free on every pod address")
+            self.sidecar_port = sidecar_port
             for pod in self.pods:
                 self.start_sidecar(pod.name)
         self.pool_file.write_text(self.pool_file_text())
@@ -463,23 +477,10 @@ class LocalStack:
         return body.decode()
 
     def _epp_serving(self) -> bool:
-        with grpc.insecure_channel(f"127.0.0.1:{self.epp_health_port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=1.0)
-            except grpc.RpcError:
-                return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        return epp_ready(self.epp_health_port)
 
     def _epp_health_in_envoy(self) -> str:
-        if self.envoy is None or not self.envoy.admin_address:
-            return "unknown"
-        with contextlib.suppress(urllib.error.URLError, OSError):
-            text = self.envoy.admin_get("/clusters")
-            for line in text.splitlines():
-                if line.startswith("epp::") and "::health_flags::" in line:
-                    return "healthy" if line.endswith("::healthy") else "unhealthy"
-        return "unknown"
+        return "unknown" if self.envoy is None else self.envoy.cluster_health("epp")
 
     def _envoy_sees_healthy_epp(self) -> bool:
         return self._epp_health_in_envoy() == "healthy"

@@ -28,7 +28,6 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+
+from epp.localstack import pick_pod_addresses
 
 BASE_MODEL = "tiny-llama"
 DEFAULT_ADAPTERS = ("lora-0", "lora-1", "lora-2", "lora-3")
@@ -87,30 +88,8 @@ class VllmServer:
             return ""
 
 
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def pick_addresses(count: int, rng: random.Random) -> tuple[list[str], int]:
-    """`count` addresses in a random 127.x.y.0/24 and one port free on all of them."""
-    for _ in range(50):
-        prefix = f"127.{rng.randint(1, 254)}.{rng.randint(1, 254)}"
-        hosts = [f"{prefix}.{i}" for i in range(2, 2 + count)]
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((hosts[0], 0))
-            port: int = sock.getsockname()[1]
-        if all(_port_is_free(host, port) for host in hosts):
-            return hosts, port
-    raise ServerStartError("no port free on every loopback address")
-
-
 def default_specs(count: int = 2, *, seed: int | None = None) -> list[ServerSpec]:
-    hosts, port = pick_addresses(count, random.Random(seed))
+    hosts, port = pick_pod_addresses(count, random.Random(seed))
     return [ServerSpec(name=f"vllm-{i}", host=host, port=port) for i, host in enumerate(hosts)]
 
 

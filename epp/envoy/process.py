@@ -142,6 +142,16 @@ class EnvoyProcess:
             body: bytes = response.read()
         return body.decode()
 
+    def cluster_health(self, cluster: str) -> str:
+        """`healthy`, `unhealthy` or `unknown`: what Envoy's health checks say of a cluster's first host."""
+        if not self.admin_address:
+            return "unknown"
+        with contextlib.suppress(urllib.error.URLError, OSError):
+            for line in self.admin_get("/clusters").splitlines():
+                if line.startswith(f"{cluster}::") and "::health_flags::" in line:
+                    return "healthy" if line.endswith("::healthy") else "unhealthy"
+        return "unknown"
+
     def log_tail(self, n_chars: int = 3000) -> str:
         try:
             return self._log_path.read_text(errors="replace")[-n_chars:]

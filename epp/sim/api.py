@@ -194,7 +194,8 @@ def chat_chunk_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
     return {**choice, "finish_reason": finish_reason, "stop_reason": None, "token_ids": None}
 
 
-def completion_response(
+def response(
+    chat: bool,
     response_id: str,
     created: int,
     model: str,
@@ -202,45 +203,21 @@ def completion_response(
     totals: dict[str, Any],
     fingerprint: str,
 ) -> dict[str, Any]:
-    return {
+    """A whole (non-stream) completion or chat response, with vLLM's fields in vLLM's order."""
+    body: dict[str, Any] = {
         "id": response_id,
-        "object": "text_completion",
+        "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": fingerprint,
         "usage": totals,
-        "kv_transfer_params": None,
-        "ec_transfer_params": None,
-        "metrics": None,
     }
-
-
-def chat_response(
-    response_id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    totals: dict[str, Any],
-    fingerprint: str,
-) -> dict[str, Any]:
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "service_tier": None,
-        "system_fingerprint": fingerprint,
-        "usage": totals,
-        "prompt_logprobs": None,
-        "prompt_token_ids": None,
-        "prompt_text": None,
-        "kv_transfer_params": None,
-        "ec_transfer_params": None,
-        "metrics": None,
-    }
+    if chat:
+        body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+    body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+    return body
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

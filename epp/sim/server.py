@@ -315,9 +315,10 @@ class SimServer:
             choices.append(
                 api.chat_choice(text, finish) if chat else api.completion_choice(index, text, finish)
             )
-        build = api.chat_response if chat else api.completion_response
         totals = api.usage(reply.prompt_tokens, generated)
-        return build(reply.response_id, reply.created, reply.model, choices, totals, reply.fingerprint)
+        return api.response(
+            chat, reply.response_id, reply.created, reply.model, choices, totals, reply.fingerprint
+        )
 
     async def _stream(
         self,

@@ -320,6 +320,16 @@ class _Metadata(NamedTuple):
     deleting: bool
 
 
+def _versioned_metadata(
+    f: _Fields, obj: Mapping[str, Any], resource: ApiResource, default_namespace: str
+) -> _Metadata:
+    """The metadata of an object of a kind served at one apiVersion, after checking that version."""
+    if obj.get("apiVersion") != resource.api_version:
+        raise f.error("apiVersion", f"must be {resource.api_version}, got {_show(obj.get('apiVersion'))}")
+    f.known(obj, "", _OBJECT_FIELDS)
+    return _metadata(f, obj, default_namespace)
+
+
 def _metadata(f: _Fields, obj: Mapping[str, Any], default_namespace: str) -> _Metadata:
     metadata = f.mapping(obj, "metadata", "", required=True)
     name = f.string(
@@ -543,10 +553,7 @@ def parse_pod(
     `ready_without_conditions=True` so a hand-written pod needs only its `podIP`.
     """
     f = _Fields(obj, "Pod", strict=strict)
-    if obj.get("apiVersion") != POD.api_version:
-        raise f.error("apiVersion", f"must be v1, got {_show(obj.get('apiVersion'))}")
-    f.known(obj, "", _OBJECT_FIELDS)
-    meta = _metadata(f, obj, default_namespace)
+    meta = _versioned_metadata(f, obj, POD, default_namespace)
     status = f.mapping(obj, "status", "", required=False)
 
     ip = f.string(status, "podIP", "status")
@@ -621,12 +628,7 @@ def parse_inference_model(
 ) -> InferenceModel:
     """An InferenceModel (x-k8s v1alpha2); creationTimestamp absent → 0 (the source may order instead)."""
     f = _Fields(obj, "InferenceModel", strict=strict)
-    if obj.get("apiVersion") != INFERENCE_MODEL.api_version:
-        raise f.error(
-            "apiVersion", f"must be {INFERENCE_MODEL.api_version}, got {_show(obj.get('apiVersion'))}"
-        )
-    f.known(obj, "", _OBJECT_FIELDS)
-    meta = _metadata(f, obj, default_namespace)
+    meta = _versioned_metadata(f, obj, INFERENCE_MODEL, default_namespace)
     spec = f.mapping(obj, "spec", "", required=True)
     f.known(spec, "spec", ("modelName", "criticality", "targetModels", "poolRef"))
     model_name = f.string(
@@ -678,12 +680,7 @@ def parse_inference_objective(
 ) -> InferenceObjective:
     """An InferenceObjective (x-k8s v1alpha2); unset priority → 0, negatives allowed (sheddable)."""
     f = _Fields(obj, "InferenceObjective", strict=strict)
-    if obj.get("apiVersion") != INFERENCE_OBJECTIVE.api_version:
-        raise f.error(
-            "apiVersion", f"must be {INFERENCE_OBJECTIVE.api_version}, got {_show(obj.get('apiVersion'))}"
-        )
-    f.known(obj, "", _OBJECT_FIELDS)
-    meta = _metadata(f, obj, default_namespace)
+    meta = _versioned_metadata(f, obj, INFERENCE_OBJECTIVE, default_namespace)
     spec = f.mapping(obj, "spec", "", required=True)
     f.known(spec, "spec", ("priority", "poolRef"))
     priority = f.integer(spec, "priority", "spec")

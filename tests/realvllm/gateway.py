@@ -12,18 +12,14 @@ import pathlib
 import subprocess
 import sys
 import time
-import urllib.error
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from epp.datastore.types import FailureMode
 from epp.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
 from epp.envoy.process import EnvoyProcess
-from epp.localstack import free_port, pool_yaml
+from epp.localstack import epp_ready, free_port, pool_yaml
 from tests.realvllm.client import RealPod
 
 EPP_CHOICE_HEADER = "x-epp-destination"
@@ -107,7 +103,7 @@ class Gateway:
             ]  # fmt: skip
             with self.epp_log.open("wb") as log:
                 self.epp = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-            while not self._epp_serving():
+            while not epp_ready(self.health_port):
                 if self.epp.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"epp serve did not become ready:\n{self.epp_log.read_text()[-3000:]}")
                 time.sleep(0.1)
@@ -130,7 +126,7 @@ class Gateway:
         self.envoy.start(ready_timeout_s=max(1.0, deadline - time.monotonic()))
         self.url = f"http://127.0.0.1:{listen_port}"
         if self.mode is RoutingMode.EPP:
-            while not self._envoy_sees_healthy_epp():
+            while self.envoy.cluster_health("epp") != "healthy":
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"Envoy never saw the EPP healthy:\n{self.envoy.log_tail()}")
                 time.sleep(0.1)
@@ -151,23 +147,3 @@ class Gateway:
             return self.epp_log.read_text(errors="replace")[-n_chars:]
         except FileNotFoundError:
             return ""
-
-    def _epp_serving(self) -> bool:
-        with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=1.0)
-            except grpc.RpcError:
-                return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    def _envoy_sees_healthy_epp(self) -> bool:
-        assert self.envoy is not None
-        try:
-            text = self.envoy.admin_get("/clusters")
-        except (urllib.error.URLError, OSError):
-            return False
-        return any(
-            line.startswith("epp::") and "::health_flags::" in line and line.endswith("::healthy")
-            for line in text.splitlines()
-        )

@@ -9,14 +9,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from e2e.real_vllm.servers import pick_addresses
+from epp.localstack import pick_pod_addresses
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, get_text, wait_until
 
 
 @contextlib.contextmanager
 def running_sim(log_path: pathlib.Path, *extra_args: str) -> Iterator[RealPod]:
     """tiny-llama with lora-0 … lora-3, 2 GPU slots, 4 in host memory, context 512, as the servers."""
-    hosts, port = pick_addresses(1, random.Random())
+    hosts, port = pick_pod_addresses(1, random.Random())
     pod = RealPod("sim", hosts[0], port)
     command = [
         sys.executable, "-m", "epp", "sim", "--host", pod.host, "--port", str(pod.port),
