@@ -83,19 +83,22 @@ def parse_completion(body: CompletionBody) -> GenerationRequest:
     prompt = body.prompt
     if prompt is None or prompt == "":
         raise invalid_parameter("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+    batch: list[str | list[int]]
     if isinstance(prompt, str):
-        texts: list[str] | None = [prompt]
-    elif prompt and isinstance(prompt[0], str):
-        texts = [p for p in prompt if isinstance(p, str)]
+        batch = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        batch = [[t for t in prompt if isinstance(t, int)]]  # one token-id prompt
     else:
-        texts = None
-    if texts is not None:
-        prompts = [tuple(tokenize(t)) if t else () for t in texts]
-    elif prompt and isinstance(prompt[0], list):
-        prompts = [tuple(str(t) for t in ids) for ids in prompt if isinstance(ids, list)]
-    else:
-        prompts = [tuple(str(t) for t in prompt)] if prompt else []
-    return GenerationRequest(body.model, tuple(prompts), body.max_tokens, stream, include_usage)
+        batch = [p for p in prompt if isinstance(p, (str, list))]  # a batch (the filter only narrows)
+    prompts = tuple(_prompt_tokens(p) for p in batch)
+    return GenerationRequest(body.model, prompts, body.max_tokens, stream, include_usage)
+
+
+def _prompt_tokens(prompt: str | list[int]) -> tuple[str, ...]:
+    """Token ids as they are; text through the tokenizer, except "" (no tokens, refused later)."""
+    if isinstance(prompt, str):
+        return tuple(tokenize(prompt)) if prompt else ()
+    return tuple(str(t) for t in prompt)
 
 
 def parse_chat(body: ChatBody) -> GenerationRequest:

@@ -274,28 +274,26 @@ class SimServer:
     ) -> web.StreamResponse:
         budgets = [self._output_budget(gen, chat, len(prompt)) for prompt in gen.prompts]
         submitted: list[tuple[str, asyncio.Queue[TokenEvent]]] = []
+        self._in_flight += 1
         try:
             for prompt, budget in zip(gen.prompts, budgets, strict=True):
                 try:
                     submitted.append(self.driver.submit(adapter, prompt, budget))
                 except ValueError as err:
                     raise api.bad_request(str(err), "max_tokens") from None
-            self._in_flight += 1
-            try:
-                reply = _Reply(
-                    response_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(8)}",
-                    created=int(self.wall_clock()),
-                    model=response_model,
-                    prompt_tokens=sum(len(p) for p in gen.prompts),
-                    fingerprint=self.fingerprint,
-                )
-                queues = [queue for _, queue in submitted]
-                if gen.stream:
-                    return await self._stream(request, queues, chat, reply, gen.include_usage)
-                return _json(await self._collect(queues, chat, reply))
-            finally:
-                self._in_flight -= 1
+            reply = _Reply(
+                response_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(8)}",
+                created=int(self.wall_clock()),
+                model=response_model,
+                prompt_tokens=sum(len(p) for p in gen.prompts),
+                fingerprint=self.fingerprint,
+            )
+            queues = [queue for _, queue in submitted]
+            if gen.stream:
+                return await self._stream(request, queues, chat, reply, gen.include_usage)
+            return _json(await self._collect(queues, chat, reply))
         finally:
+            self._in_flight -= 1
             for request_id, _ in submitted:
                 self.driver.release(request_id)
 
