@@ -16,7 +16,7 @@ from typing import TypeVar
 import pytest
 
 from e2e.client import Reply, complete, complete_many
-from e2e.stack import Stack, picks_from_log
+from e2e.stack import Stack, finished_from_log, picks_from_log
 
 T = TypeVar("T")
 
@@ -77,13 +77,28 @@ def check_requests_follow_the_epp_pick(stack: Stack) -> None:
         )
 
 
-def check_response_path_reaches_the_epp(stack: Stack) -> None:
-    """The gateway sends the response back through the EPP (where served-endpoint feedback and
-    usage accounting happen): the EPP's response-header mark reaches the client."""
-    reply = complete(stack.gateway_url, stack.adapters[0])
-    assert reply.status == 200, reply.body[:200]
-    assert reply.headers.get("x-went-into-resp-headers") == "true", sorted(reply.headers)
-    assert reply.pod in stack.endpoints()
+def check_the_epp_learns_how_requests_end(stack: Stack) -> None:
+    """The EPP learns that each routed request finished, with its status and the pod that served
+    it (from the gateway's access log, or from the response passing through the EPP), which its
+    in-flight counts and latency metrics depend on."""
+    picks_before = len(picks_from_log(stack.epp_log_lines()))
+    replies = _ok([complete(stack.gateway_url, adapter) for adapter in stack.adapters])
+    endpoints = stack.endpoints()
+    # The ids the EPP routed these requests under (a gateway may replace the client's
+    # x-request-id); sent one at a time, so in request order.
+    routed = [request_id for request_id, _ in picks_from_log(stack.epp_log_lines())[picks_before:]]
+    assert len(routed) == len(replies), f"{len(routed)} picks logged for {len(replies)} requests (--v=4)"
+
+    def probe() -> dict[str, dict[str, object]] | None:
+        finished = dict(finished_from_log(stack.epp_log_lines()))
+        return finished if all(request_id in finished for request_id in routed) else None
+
+    finished = eventually(probe, timeout_s=30, what="the EPP to log every request finished (--v=4)")
+    for reply, request_id in zip(replies, routed, strict=True):
+        entry = finished[request_id]
+        assert entry["status"] == 200, entry
+        assert entry["finished_by"] in ("access-log", "response"), entry
+        assert entry["served"] in (None, endpoints[reply.pod]), (entry, reply.pod)
 
 
 def check_fail_open_serves_without_the_epp(stack: Stack) -> None:
@@ -191,7 +206,7 @@ def check_ha_failover(stack: Stack) -> None:
 # Routing checks first, then the disruptive ones (EPP stopped, pod deleted, leader killed).
 CHECKS: dict[str, Callable[[Stack], None]] = {
     "follow-pick": check_requests_follow_the_epp_pick,
-    "response-path": check_response_path_reaches_the_epp,
+    "request-finished": check_the_epp_learns_how_requests_end,
     "apply-inference-model": check_applied_inference_model_takes_effect,
     "adapter-affinity": check_adapter_affinity_cuts_swaps,
     "weighted-split": check_weighted_split_across_two_pools,

@@ -96,3 +96,12 @@ def picks_from_log(lines: Sequence[str]) -> list[tuple[str, str]]:
         if entry.get("msg") == "request routed" and isinstance(entry.get("destination"), str):
             picks.append((str(entry.get("request_id", "")), str(entry["destination"])))
     return picks
+
+
+def finished_from_log(lines: Sequence[str]) -> list[tuple[str, dict[str, object]]]:
+    """(request id, fields) for every "request finished" line (status, served, finished_by), in log order."""
+    finished = []
+    for entry in iter_json_lines(lines):
+        if entry.get("msg") == "request finished":
+            finished.append((str(entry.get("request_id", "")), entry))
+    return finished

@@ -2,9 +2,10 @@
 
 One `asyncio.TaskGroup` holds the pool source, the metrics refresher, leader election and the
 readiness watcher; the ext_proc, health and metrics servers are started before it and stopped
-after it. SIGTERM/SIGINT: health NOT_SERVING, ext_proc `stop(grace)`, everything else
-cancelled, exit 0. Start-up errors print one line on stderr: 2 for bad configuration, 1 when
-a port cannot be bound.
+after it. SIGTERM/SIGINT drains: health turns NOT_SERVING at once, the EPP keeps routing for
+`--drain-period` while the gateway's health checks notice and stop sending it new streams, then
+ext_proc `stop(grace)` lets open streams finish, everything else is cancelled, exit 0. Start-up
+errors print one line on stderr: 2 for bad configuration, 1 when a port cannot be bound.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from epp.config import ServeSettings
 from epp.datastore.store import Datastore
 from epp.director import Director
 from epp.errors import ConfigError
+from epp.extproc.accesslog import AccessLogReceiver
+from epp.extproc.completions import Completions
 from epp.extproc.server import ExternalProcessor, ListenError, build_ext_proc_server, server_credentials
 from epp.extproc.stream import StreamOptions, StreamRecord, StreamSettings
 from epp.observability import tracing
@@ -167,6 +170,8 @@ async def _serve(
 
     health = Health(leader_election=elector is not None)
     await health.start()
+    completions = Completions(clock, wait_s=settings.access_log_timeout_s)
+    access_log = AccessLogReceiver(completions)
     processor = ExternalProcessor(
         StreamOptions(
             director,
@@ -179,6 +184,7 @@ async def _serve(
             upstream_headers=observer.trace_headers,
             clock=clock,
             loader=loader,
+            completions=completions,
         )
     )
     credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
@@ -188,6 +194,7 @@ async def _serve(
         port=settings.grpc_port,
         credentials=credentials,
         health_servicer=health.servicer,
+        access_log=access_log,
     )
     health_server, health_port = build_health_server(
         health, host=settings.host, port=settings.grpc_health_port
@@ -220,7 +227,15 @@ async def _serve(
         )
         if on_started is not None:
             on_started(ports)
-        await _run_tasks(stop, health, datastore, synced, elector, source, refresher, *adapters.runnables)
+        await _run_tasks(
+            _Lifecycle(stop, health, settings.drain_period_s, access_log, completions),
+            datastore,
+            synced,
+            elector,
+            source,
+            refresher,
+            *adapters.runnables,
+        )
     finally:
         await health.shutdown()
         if ext_server in servers_started:
@@ -255,9 +270,22 @@ def _both(
     return call
 
 
+@dataclass(frozen=True, slots=True)
+class _Lifecycle:
+    """What starting, draining and stopping involve beside the runnables."""
+
+    stop: asyncio.Event
+    health: Health
+    drain_period_s: float
+    access_log: AccessLogReceiver
+    completions: Completions
+
+
+COMPLETION_SWEEP_S = 1.0
+
+
 async def _run_tasks(
-    stop: asyncio.Event,
-    health: Health,
+    lifecycle: _Lifecycle,
     datastore: Datastore,
     synced: Callable[[], bool],
     elector: LeaderElector | None,
@@ -266,10 +294,21 @@ async def _run_tasks(
     class _Stop(Exception):
         pass
 
+    health = lifecycle.health
+
     async def wait_for_stop() -> None:
-        await stop.wait()
+        """On stop: NOT_SERVING, keep routing through the drain period, then end the tasks."""
+        await lifecycle.stop.wait()
         await health.shutdown()
+        lifecycle.access_log.drain()
+        log.info("draining", extra={"drain_period_s": lifecycle.drain_period_s})
+        await asyncio.sleep(lifecycle.drain_period_s)
         raise _Stop
+
+    async def sweep_completions() -> None:
+        while True:
+            await asyncio.sleep(COMPLETION_SWEEP_S)
+            lifecycle.completions.expire()
 
     async def watch_readiness() -> None:
         changed = asyncio.Event()
@@ -282,7 +321,7 @@ async def _run_tasks(
                 await asyncio.wait_for(changed.wait(), READINESS_POLL_S)
             changed.clear()
 
-    coroutines: list[Coroutine[Any, Any, None]] = [wait_for_stop(), watch_readiness()]
+    coroutines: list[Coroutine[Any, Any, None]] = [wait_for_stop(), watch_readiness(), sweep_completions()]
     if elector is not None:
         coroutines.append(elector.run())
     coroutines.extend(r.run() for r in runnables if r is not None)

@@ -22,6 +22,10 @@ DEFAULT_POOL_GROUP = "inference.networking.k8s.io"
 DEFAULT_REFRESH_METRICS_INTERVAL = "100ms"
 DEFAULT_STALENESS_THRESHOLD = "2s"
 DEFAULT_GRACE_PERIOD = "10s"
+# Envoy's health check on the EPP (what `epp envoy-config` writes) runs every second with a 1 s
+# timeout and one failure to mark it down: 5 s covers that with room for a slower gateway.
+DEFAULT_DRAIN_PERIOD = "5s"
+DEFAULT_ACCESS_LOG_TIMEOUT = "10m"
 DEFAULT_ADAPTER_IDLE_UNLOAD = "10m"
 
 
@@ -54,6 +58,8 @@ class ServeSettings:
     max_request_body_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
     max_header_bytes: int = wire.DEFAULT_MAX_HEADER_BYTES
     grace_period_s: float = 10.0
+    drain_period_s: float = 5.0
+    access_log_timeout_s: float = 600.0
     verbosity: int = 2
     log_format: str = "json"
     seed: int | None = None
@@ -199,7 +205,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--grace-period",
         type=parse_duration,
         default=parse_duration(DEFAULT_GRACE_PERIOD),
-        help=f"on SIGTERM, time given to open streams to finish (default {DEFAULT_GRACE_PERIOD})",
+        help=f"on SIGTERM, after the drain period, time given to open streams to finish "
+        f"(default {DEFAULT_GRACE_PERIOD})",
+    )
+    net.add_argument(
+        "--drain-period",
+        type=_non_negative_duration,
+        default=parse_duration(DEFAULT_DRAIN_PERIOD),
+        metavar="DURATION",
+        help="on SIGTERM, how long the EPP keeps routing after its health turns NOT_SERVING, so the "
+        "gateway's health checks stop sending it new streams first; at least the gateway's "
+        f"health-check interval times its unhealthy threshold (default {DEFAULT_DRAIN_PERIOD})",
+    )
+    net.add_argument(
+        "--access-log-timeout",
+        type=_positive_duration,
+        default=parse_duration(DEFAULT_ACCESS_LOG_TIMEOUT),
+        metavar="DURATION",
+        help="how long a routed request whose response did not pass through the EPP waits for the "
+        "gateway's access-log entry before it counts as finished anyway (default "
+        f"{DEFAULT_ACCESS_LOG_TIMEOUT}; longer than the longest request)",
     )
     add_bool_flag(
         parser,
@@ -333,6 +358,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         max_request_body_bytes=args.max_request_body_bytes,
         max_header_bytes=args.max_header_bytes,
         grace_period_s=max(0.0, args.grace_period),
+        drain_period_s=args.drain_period,
+        access_log_timeout_s=args.access_log_timeout,
         verbosity=args.v,
         log_format=args.log_format,
         seed=args.seed,

@@ -30,7 +30,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.clock import Clock, SystemClock
 from epp.datastore.types import FailureMode
-from epp.envoy.config import BodyMode, EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
+from epp.envoy.config import (
+    EPP_CLUSTER,
+    BodyMode,
+    EnvoyOptions,
+    EppEndpoint,
+    HostPort,
+    RoutingMode,
+    build_bootstrap,
+    render_yaml,
+)
 from epp.envoy.process import EnvoyProcess
 
 ADAPTER_LOADS_METRIC = "vllm_sim:lora_adapter_loads"  # counter; exposed as ..._total
@@ -62,8 +71,16 @@ class StackOptions:
     routing: RoutingMode = RoutingMode.EPP
     body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
-    process_responses: bool = True
+    process_responses: bool = (
+        False  # response bodies through the EPP (`epp envoy-config --process-responses`)
+    )
+    access_log: bool = True  # Envoy's gRPC access log to the EPP
+    # Endpoints in Envoy's EPP cluster, each with its own ports; one runs at start, the others
+    # are free for `rolling_restart_epp` (a new EPP comes up before the old one drains).
+    epp_slots: int = 1
     policy: str | None = None  # `epp serve --policy`; None = its default
+    # How the EPP is started (benchmarks run another checkout's EPP beside this one's this way).
+    epp_command: tuple[str, ...] = (sys.executable, "-m", "epp")
     refresh_metrics_interval: str = "50ms"
     extra_serve_args: tuple[str, ...] = ()
     extra_pool_yaml: str = ""  # more documents (InferenceModels, …) appended to the pool file
@@ -184,6 +201,20 @@ class _Child:
             self.process.wait(timeout=5.0)
 
 
+@dataclasses.dataclass(slots=True)
+class EppSlot:
+    """One endpoint of Envoy's EPP cluster: the ports an `epp serve` there listens on."""
+
+    grpc_port: int
+    health_port: int
+    metrics_port: int
+    process: _Child | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
     name: str
@@ -212,13 +243,30 @@ class LocalStack:
         self._sidecars: dict[str, _Child] = {}
         self.sidecar_port = 0
         self._sidecar_starts: dict[str, int] = {}
-        self._epp: _Child | None = None
+        self._slots: list[EppSlot] = []
+        self._current = 0  # the slot of the EPP started last
+        self._epp_starts = 0
         self.envoy: EnvoyProcess | None = None
         self.gateway_url = ""
         self.pool_file = self.workdir / "pool.yaml"
-        self.epp_grpc_port = 0
-        self.epp_health_port = 0
-        self.epp_metrics_port = 0
+
+    @property
+    def epp_grpc_port(self) -> int:
+        return self._slots[self._current].grpc_port if self._slots else 0
+
+    @property
+    def epp_health_port(self) -> int:
+        return self._slots[self._current].health_port if self._slots else 0
+
+    @property
+    def epp_metrics_port(self) -> int:
+        return self._slots[self._current].metrics_port if self._slots else 0
+
+    @property
+    def epp_pid(self) -> int | None:
+        """The process id of the EPP started last, while it runs."""
+        slot = self._slots[self._current] if self._slots else None
+        return slot.process.process.pid if slot is not None and slot.process is not None else None
 
     # ----- lifecycle -----
 
@@ -243,24 +291,22 @@ class LocalStack:
             for pod in self.pods:
                 self.start_sidecar(pod.name)
         self.pool_file.write_text(self.pool_file_text())
-        self.epp_grpc_port = free_port()
-        self.epp_health_port = free_port()
-        self.epp_metrics_port = free_port()
+        self._slots = [EppSlot(free_port(), free_port(), free_port()) for _ in range(max(1, opts.epp_slots))]
         if opts.routing is RoutingMode.EPP and opts.start_epp:
-            self._start_epp()
+            self._start_epp(self._slots[0])
         self._start_envoy()
         deadline = self._clock.now() + timeout_s
         for pod in self.pods:
             self._wait(functools.partial(self._http_ok, f"{pod.url}/health"), self._sims[pod.name], deadline)
         for name, sidecar in self._sidecars.items():
             self._wait(functools.partial(self.sidecar_listening, name), sidecar, deadline)
-        if self._epp is not None:
-            epp = self._epp
-            self._wait(self._epp_serving, epp, deadline)
+        slot = self._slots[0]
+        if slot.process is not None:
+            self._wait(functools.partial(epp_ready, slot.health_port), slot.process, deadline)
         assert self.envoy is not None
         self.envoy.start(ready_timeout_s=max(1.0, deadline - self._clock.now()))
-        if self._epp is not None:
-            self._wait(self._envoy_sees_healthy_epp, self._epp, deadline)
+        if slot.process is not None:
+            self._wait(functools.partial(self._envoy_sees_epp, slot, "healthy"), slot.process, deadline)
 
     def _start_sim(self, pod: Pod) -> None:
         sim = self.options.sim
@@ -281,15 +327,15 @@ class LocalStack:
         command += list(sim.extra_args)
         self._sims[pod.name] = _Child(pod.name, command, self.workdir / f"{pod.name}.log")
 
-    def _start_epp(self) -> None:
+    def _start_epp(self, slot: EppSlot) -> None:
         opts = self.options
         command = [
-            sys.executable, "-m", "epp", "serve",
+            *opts.epp_command, "serve",
             "--pool-file", str(self.pool_file),
             "--host", "127.0.0.1",
-            "--grpc-port", str(self.epp_grpc_port),
-            "--grpc-health-port", str(self.epp_health_port),
-            "--metrics-port", str(self.epp_metrics_port),
+            "--grpc-port", str(slot.grpc_port),
+            "--grpc-health-port", str(slot.health_port),
+            "--metrics-port", str(slot.metrics_port),
             f"--secure-serving={str(opts.epp_tls).lower()}",
             "--refresh-metrics-interval", opts.refresh_metrics_interval,
         ]  # fmt: skip
@@ -298,20 +344,26 @@ class LocalStack:
         if self.sidecar_port:
             command += ["--adapter-state-port", str(self.sidecar_port)]
         command += list(opts.extra_serve_args)
-        self._epp = _Child("epp", command, self.workdir / "epp.log")
+        self._epp_starts += 1
+        log_name = "epp.log" if self._epp_starts == 1 else f"epp-{self._epp_starts}.log"
+        slot.process = _Child("epp", command, self.workdir / log_name)
+        self._current = self._slots.index(slot)
 
     def _start_envoy(self) -> None:
         opts = self.options
         listen_port = free_port()
+        first, *more = self._slots
         envoy_options = EnvoyOptions(
             listen_address="127.0.0.1",
             listen_port=listen_port,
             mode=opts.routing,
-            epp=HostPort("127.0.0.1", self.epp_grpc_port),
-            epp_health_port=self.epp_health_port,
+            epp=HostPort("127.0.0.1", first.grpc_port),
+            epp_health_port=first.health_port,
+            more_epps=tuple(EppEndpoint(HostPort("127.0.0.1", s.grpc_port), s.health_port) for s in more),
             epp_tls=opts.epp_tls,
             body_mode=opts.body_mode,
             process_responses=opts.process_responses,
+            access_log=opts.access_log,
             failure_mode=opts.failure_mode,
             pool_endpoints=tuple(HostPort(p.ip, p.port) for p in self.pods),
         )
@@ -332,8 +384,9 @@ class LocalStack:
     def _stop_processes(self) -> None:
         if self.envoy is not None:
             self.envoy.stop()
-        if self._epp is not None:
-            self._epp.stop()
+        for slot in self._slots:
+            if slot.process is not None:
+                slot.process.stop()
         for child in self._sidecars.values():
             child.stop()
         for child in self._sims.values():
@@ -385,22 +438,55 @@ class LocalStack:
         return [(self.workdir / f"{name}-sidecar-{n}.log").read_text(errors="replace") for n in starts]
 
     def stop_epp(self) -> None:
-        if self._epp is not None:
-            self._epp.kill()
+        """SIGKILL the current EPP (a crash, an OOM kill, a lost node)."""
+        process = self._slots[self._current].process if self._slots else None
+        if process is not None:
+            process.kill()
+
+    def terminate_epp(self) -> _Child | None:
+        """SIGTERM the current EPP (it drains and exits by itself); returns its process."""
+        process = self._slots[self._current].process if self._slots else None
+        if process is not None and process.alive():
+            process.process.terminate()
+        return process
 
     def restart_epp(self, *, timeout_s: float = 30.0) -> None:
-        if self._epp is not None:
-            self._epp.kill()
-        self._start_epp()
-        assert self._epp is not None
+        """Kill the current EPP and start a new one in its slot (a crash and its restart)."""
+        slot = self._slots[self._current]
+        if slot.process is not None:
+            slot.process.kill()
+        self._start_epp(slot)
+        self._wait_serving(slot, timeout_s)
+
+    def rolling_restart_epp(self, *, timeout_s: float = 60.0) -> None:
+        """Replace the current EPP as a Deployment rollout does: a new one in a free slot first,
+        then SIGTERM to the old one, which drains; returns once the old one has exited."""
+        free = [slot for slot in self._slots if not slot.alive]
+        if not free:
+            raise StackError("a rolling restart needs a free EPP slot (StackOptions.epp_slots >= 2)")
+        old = self._slots[self._current]
+        new = free[0]
+        self._start_epp(new)
+        self._wait_serving(new, timeout_s)
+        if old.process is None or not old.process.alive():
+            return
+        old.process.process.terminate()
+        try:
+            old.process.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as err:
+            raise StackError(f"the old EPP did not exit within {timeout_s}s of SIGTERM") from err
+
+    def _wait_serving(self, slot: EppSlot, timeout_s: float) -> None:
+        assert slot.process is not None
         deadline = self._clock.now() + timeout_s
-        self._wait(self._epp_serving, self._epp, deadline)
-        self._wait(self._envoy_sees_healthy_epp, self._epp, deadline)
+        self._wait(functools.partial(epp_ready, slot.health_port), slot.process, deadline)
+        self._wait(functools.partial(self._envoy_sees_epp, slot, "healthy"), slot.process, deadline)
 
     def wait_envoy_sees_epp_down(self, *, timeout_s: float = 15.0) -> None:
         deadline = self._clock.now() + timeout_s
+        slot = self._slots[self._current]
         while self._clock.now() < deadline:
-            if self._epp_health_in_envoy() == "unhealthy":
+            if self._envoy_sees_epp(slot, "unhealthy"):
                 return
             time.sleep(0.1)
         raise StackError("Envoy still sees the EPP as healthy")
@@ -445,8 +531,9 @@ class LocalStack:
     def log_tails(self) -> str:
         children = [*self._sims.values(), *self._sidecars.values()]
         parts = [f"== {c.name} ==\n{c.log_tail()}" for c in children]
-        if self._epp is not None:
-            parts.append(f"== epp ==\n{self._epp.log_tail()}")
+        for slot in self._slots:
+            if slot.process is not None:
+                parts.append(f"== epp :{slot.grpc_port} ==\n{slot.process.log_tail()}")
         if self.envoy is not None:
             parts.append(f"== envoy ==\n{self.envoy.log_tail()}")
         return "\n".join(parts)
@@ -476,11 +563,8 @@ class LocalStack:
             body: bytes = response.read()
         return body.decode()
 
-    def _epp_serving(self) -> bool:
-        return epp_ready(self.epp_health_port)
-
-    def _epp_health_in_envoy(self) -> str:
-        return "unknown" if self.envoy is None else self.envoy.cluster_health("epp")
-
-    def _envoy_sees_healthy_epp(self) -> bool:
-        return self._epp_health_in_envoy() == "healthy"
+    def _envoy_sees_epp(self, slot: EppSlot, health: str) -> bool:
+        """Whether Envoy's health checks see the EPP endpoint of `slot` as `health`."""
+        if self.envoy is None:
+            return False
+        return self.envoy.host_health(EPP_CLUSTER, f"127.0.0.1:{slot.grpc_port}") == health

@@ -16,6 +16,7 @@ from epp.datastore.types import FailureMode
 from epp.envoy.config import (
     BodyMode,
     EnvoyOptions,
+    EppEndpoint,
     HostPort,
     RoutingMode,
     Upstream,
@@ -48,7 +49,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-port", type=int, default=0, help="admin port on 127.0.0.1 (default 0 = ephemeral)"
     )
-    parser.add_argument("--epp-address", default="127.0.0.1:9002", help="EPP ext_proc HOST:PORT")
+    parser.add_argument(
+        "--epp-address",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="EPP ext_proc HOST:PORT (default 127.0.0.1:9002); repeat it for several EPP replicas, "
+        "each health-checked on --epp-health-port",
+    )
     parser.add_argument(
         "--epp-health-port",
         type=int,
@@ -65,8 +73,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_bool_flag(
         parser,
         "--process-responses",
+        default=False,
+        help="also send response headers and bodies through the EPP, for its token-usage metrics and "
+        "first-byte TTFT. Costs EPP CPU for every streamed chunk (about 0.1 ms per token), and an EPP "
+        "crash or restart then cuts the responses in flight (default off: the EPP sees requests only)",
+    )
+    add_bool_flag(
+        parser,
+        "--access-log",
         default=True,
-        help="send response headers and body to the EPP (usage accounting)",
+        help="send Envoy's gRPC access log of routed requests to the EPP, so it learns when, where and "
+        "how each request ended (in-flight counts, latency and status metrics); batched, off the "
+        "request path",
     )
     parser.add_argument("--pool-file", type=pathlib.Path, help="pool file: failure mode and pod endpoints")
     parser.add_argument(
@@ -111,17 +129,21 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
     for port in (args.listen_port, args.admin_port, args.epp_health_port):
         if not 0 <= port < 65536:
             raise ConfigError(f"port out of range: {port}")
+    epps = [parse_host_port(text) for text in args.epp_address or ["127.0.0.1:9002"]]
+    health_port = args.epp_health_port or None
     options = EnvoyOptions(
         listen_address=args.listen_address,
         listen_port=args.listen_port,
         admin_port=args.admin_port,
         mode=RoutingMode(args.mode),
         upstream=Upstream(args.upstream),
-        epp=parse_host_port(args.epp_address),
-        epp_health_port=args.epp_health_port or None,
+        epp=epps[0],
+        epp_health_port=health_port,
+        more_epps=tuple(EppEndpoint(address, health_port) for address in epps[1:]),
         epp_tls=args.epp_tls,
         body_mode=BodyMode(args.body_mode),
         process_responses=args.process_responses,
+        access_log=args.access_log,
         failure_mode=failure_mode,
         pool_endpoints=tuple(endpoints),
         stream_idle_timeout_s=args.stream_idle_timeout,

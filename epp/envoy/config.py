@@ -23,6 +23,15 @@ unit tests. The decisive settings and why they are what they are:
   was sent; a POST normally sends it at once. An active gRPC health check on the EPP (with
   panic routing off) makes Envoy see a dead EPP before the request starts, so the stream fails
   at once and fail-open applies to POSTs too.
+- The EPP sees the request only (response header SKIP, body NONE): its ext_proc stream ends
+  once the request is routed, so an EPP that stops or dies never cuts a response, and its CPU
+  per request does not grow with the response. How each request ended reaches the EPP through
+  Envoy's gRPC access logger, batched, sent to the same cluster (`--process-responses` puts the
+  response body back through the EPP, for token usage, at a cost per streamed chunk).
+- FailClose while the EPP is down answers 503 with an OpenAI-shaped JSON error (a local reply
+  mapper on ext_proc's own errors), not an empty 500.
+- Circuit breakers are raised on every cluster: Envoy's defaults (1024 requests, 3 retries in
+  flight) would refuse retries to a fallback pod, and ext_proc streams, under load.
 """
 
 from __future__ import annotations
@@ -48,6 +57,19 @@ CLIENT_FORBIDDEN_HEADERS = (
     "x-gateway-destination-endpoint-subset",
 )
 EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+# The key the EPP puts beside its pick in `envoy.lb` metadata; its access-log entries carry it back.
+COMPLETION_KEY = "lora-epp-completion-key"
+ACCESS_LOG_NAME = "lora-epp"
+# Far above any real load: the limits exist to protect a proxy from a runaway client, not from us.
+CIRCUIT_BREAKER_LIMIT = 100_000
+EPP_UNAVAILABLE_BODY = (
+    '{"error":{"message":"inference gateway: ServiceUnavailable - the endpoint picker is unavailable",'
+    '"type":"ServiceUnavailable","code":503}}'
+)
+EPP_TIMEOUT_BODY = (
+    '{"error":{"message":"inference gateway: GatewayTimeout - the endpoint picker did not answer in time",'
+    '"type":"GatewayTimeout","code":504}}'
+)
 
 EPP_CLUSTER = "epp"
 POOL_CLUSTER = "pool"
@@ -114,6 +136,14 @@ def parse_host_port(text: str) -> HostPort:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class EppEndpoint:
+    """One more EPP replica: its ext_proc address and gRPC health port (None: not health-checked)."""
+
+    address: HostPort
+    health_port: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EnvoyOptions:
     """Everything the bootstrap depends on; defaults match `epp serve`'s defaults."""
 
@@ -125,10 +155,15 @@ class EnvoyOptions:
     upstream: Upstream = Upstream.OVERRIDE_HOST
     epp: HostPort = HostPort("127.0.0.1", 9002)
     epp_health_port: int | None = 9003  # the EPP's gRPC health port; None = no active check
+    more_epps: tuple[EppEndpoint, ...] = ()  # further replicas in the EPP cluster
     epp_tls: bool = True
     body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
-    # Response headers SEND + response body FULL_DUPLEX_STREAMED so the EPP sees usage.
-    process_responses: bool = True
+    # Response headers SEND + response body FULL_DUPLEX_STREAMED: the EPP reads usage, and is on
+    # the response path (CPU per streamed chunk; an EPP crash cuts responses in flight).
+    process_responses: bool = False
+    # Envoy's gRPC access log to the EPP: how each routed request ended (completion, status, timing).
+    access_log: bool = True
+    access_log_flush_interval_s: float = 0.05
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
     # The pool's pods: the FailOpen fallback and the round-robin mode's cluster.
     pool_endpoints: tuple[HostPort, ...] = ()
@@ -171,13 +206,35 @@ def _static_or_dns_cluster(
     }
 
 
+def _circuit_breakers() -> dict[str, Any]:
+    limit = CIRCUIT_BREAKER_LIMIT
+    return {
+        "thresholds": [
+            {
+                "max_connections": limit,
+                "max_pending_requests": limit,
+                "max_requests": limit,
+                "max_retries": limit,
+            }
+        ]
+    }
+
+
+def _epp_endpoints(options: EnvoyOptions) -> tuple[EppEndpoint, ...]:
+    return (EppEndpoint(options.epp, options.epp_health_port), *options.more_epps)
+
+
 def _epp_cluster(options: EnvoyOptions) -> dict[str, Any]:
-    endpoint: dict[str, Any] = {"address": _socket_address(options.epp.host, options.epp.port)}
-    if options.epp_health_port is not None:
-        endpoint["health_check_config"] = {"port_value": options.epp_health_port}
+    replicas = _epp_endpoints(options)
+    lb_endpoints: list[dict[str, Any]] = []
+    for replica in replicas:
+        endpoint: dict[str, Any] = {"address": _socket_address(replica.address.host, replica.address.port)}
+        if replica.health_port is not None:
+            endpoint["health_check_config"] = {"port_value": replica.health_port}
+        lb_endpoints.append({"endpoint": endpoint})
     cluster: dict[str, Any] = {
         "name": EPP_CLUSTER,
-        "type": "STATIC" if options.epp.is_ip else "STRICT_DNS",
+        "type": "STATIC" if all(r.address.is_ip for r in replicas) else "STRICT_DNS",
         "connect_timeout": _duration(options.upstream_connect_timeout_s),
         "lb_policy": "ROUND_ROBIN",
         "typed_extension_protocol_options": {
@@ -186,9 +243,12 @@ def _epp_cluster(options: EnvoyOptions) -> dict[str, Any]:
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
+        # Every routed request holds a stream while it is routed (the whole response with
+        # `--process-responses`); Envoy's default of 1024 concurrent requests would refuse more.
+        "circuit_breakers": _circuit_breakers(),
         "load_assignment": {
             "cluster_name": EPP_CLUSTER,
-            "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
+            "endpoints": [{"lb_endpoints": lb_endpoints}],
         },
     }
     tls_socket = {
@@ -203,7 +263,7 @@ def _epp_cluster(options: EnvoyOptions) -> dict[str, Any]:
         "name": "envoy.transport_sockets.raw_buffer",
         "typed_config": {"@type": _T + "envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"},
     }
-    if options.epp_health_port is not None:
+    if replicas[0].health_port is not None:
         # The EPP's health port is plaintext even when ext_proc is TLS: the health check picks
         # the plaintext socket by criteria; traffic (no endpoint metadata) takes the last entry.
         cluster["transport_socket_matches"] = [
@@ -244,6 +304,7 @@ def _override_host_cluster(options: EnvoyOptions) -> dict[str, Any]:
     """
     cluster = _static_or_dns_cluster(POOL_CLUSTER, options.pool_endpoints, options.upstream_connect_timeout_s)
     del cluster["lb_policy"]
+    cluster["circuit_breakers"] = _circuit_breakers()
     round_robin = {
         "typed_extension_config": {
             "name": "envoy.load_balancing_policies.round_robin",
@@ -279,6 +340,7 @@ def _picked_cluster(options: EnvoyOptions) -> dict[str, Any]:
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
         "connect_timeout": _duration(options.upstream_connect_timeout_s),
+        "circuit_breakers": _circuit_breakers(),
         # Metadata only, never a header: a client cannot set dynamic metadata.
         "original_dst_lb_config": {
             "use_http_header": False,
@@ -308,12 +370,23 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "response_body_mode": "NONE",
             "response_trailer_mode": "SKIP",
         }
+    envoy_grpc: dict[str, Any] = {"cluster_name": EPP_CLUSTER}
+    if options.more_epps:
+        # A replica that refuses the stream (just died) is retried on another before any reply.
+        envoy_grpc["retry_policy"] = {
+            "retry_on": "connect-failure,refused-stream,reset,unavailable",
+            "num_retries": len(options.more_epps),
+            "retry_host_predicate": [_previous_hosts_predicate()],
+        }
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}},
+            "grpc_service": {"envoy_grpc": envoy_grpc},
             "failure_mode_allow": fail_open,
+            # FailClose with the EPP unreachable: 503 (retryable), with a JSON body from the
+            # local reply mapper, instead of Envoy's default empty 500.
+            "status_on_error": {"code": "ServiceUnavailable"},
             "message_timeout": _duration(options.message_timeout_s),
             "processing_mode": processing_mode,
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
@@ -343,15 +416,17 @@ def _retry_policy(options: EnvoyOptions) -> dict[str, Any]:
     return {
         "retry_on": "connect-failure,refused-stream,reset",
         "num_retries": options.num_retries,
-        "retry_host_predicate": [
-            {
-                "name": "envoy.retry_host_predicates.previous_hosts",
-                "typed_config": {
-                    "@type": _T + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
-                },
-            }
-        ],
+        "retry_host_predicate": [_previous_hosts_predicate()],
         "host_selection_retry_max_attempts": 3,
+    }
+
+
+def _previous_hosts_predicate() -> dict[str, Any]:
+    return {
+        "name": "envoy.retry_host_predicates.previous_hosts",
+        "typed_config": {
+            "@type": _T + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+        },
     }
 
 
@@ -395,6 +470,72 @@ def _routes(options: EnvoyOptions) -> list[dict[str, Any]]:
     return [_route(picked_cluster, options, picked_match), unpicked]
 
 
+def _access_log(options: EnvoyOptions) -> dict[str, Any]:
+    """Envoy's gRPC access logger to the EPP cluster, for requests the EPP routed (its key is set).
+
+    Batched: one message per flush interval (or per 16 KiB of entries) on a long-lived stream,
+    written after each request ends, so it adds nothing to a request's path.
+    """
+    return {
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {
+            "metadata_filter": {
+                "matcher": {
+                    "filter": LB_NAMESPACE,
+                    "path": [{"key": COMPLETION_KEY}],
+                    "value": {"present_match": True},
+                },
+                "match_if_key_not_found": False,
+            }
+        },
+        "typed_config": {
+            "@type": _T + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": ACCESS_LOG_NAME,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}},
+                "buffer_flush_interval": _duration(options.access_log_flush_interval_s),
+                "buffer_size_bytes": 16384,
+            },
+        },
+    }
+
+
+def _code_details_filter(prefix: str) -> dict[str, Any]:
+    """Matches local replies whose response code details start with `prefix`."""
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": _T + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                "expression": f"response.code_details.startsWith('{prefix}')",
+            },
+        }
+    }
+
+
+def _local_reply_config() -> dict[str, Any]:
+    """JSON bodies (OpenAI error shape) for the replies ext_proc makes when the EPP fails it:
+    unreachable or erroring (503), or too slow in BUFFERED mode (504). The EPP's own errors
+    already carry JSON bodies and are left alone."""
+
+    def mapper(prefix: str, body: str) -> dict[str, Any]:
+        return {
+            "filter": _code_details_filter(prefix),
+            "body_format_override": {
+                "text_format_source": {"inline_string": body},
+                "content_type": "application/json",
+            },
+        }
+
+    return {
+        "mappers": [
+            mapper("ext_proc_error_gRPC_error", EPP_UNAVAILABLE_BODY),
+            mapper("ext_proc_error_per-message_timeout", EPP_TIMEOUT_BODY),
+        ]
+    }
+
+
 def _http_filters(options: EnvoyOptions) -> list[dict[str, Any]]:
     router = {
         "name": "envoy.filters.http.router",
@@ -419,7 +560,10 @@ def build_bootstrap(options: EnvoyOptions) -> dict[str, Any]:
             )
         if options.failure_mode is FailureMode.FAIL_OPEN:
             raise ConfigError("FailOpen needs the pool's pod endpoints (--pool-file or --pool-endpoint)")
-    hcm = {
+    checked = {replica.health_port is not None for replica in _epp_endpoints(options)}
+    if len(checked) > 1:
+        raise ConfigError("either every EPP replica has a health port or none has")
+    hcm: dict[str, Any] = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         # The only bound on a hung EPP in FULL_DUPLEX_STREAMED (504 at the limit).
@@ -430,6 +574,10 @@ def build_bootstrap(options: EnvoyOptions) -> dict[str, Any]:
         },
         "http_filters": _http_filters(options),
     }
+    if options.mode is RoutingMode.EPP:
+        hcm["local_reply_config"] = _local_reply_config()
+        if options.access_log:
+            hcm["access_log"] = [_access_log(options)]
     timeout_s = options.upstream_connect_timeout_s
     clusters: list[dict[str, Any]] = []
     if options.mode is RoutingMode.ROUND_ROBIN:

@@ -142,15 +142,25 @@ class EnvoyProcess:
             body: bytes = response.read()
         return body.decode()
 
-    def cluster_health(self, cluster: str) -> str:
-        """`healthy`, `unhealthy` or `unknown`: what Envoy's health checks say of a cluster's first host."""
+    def hosts_health(self, cluster: str) -> dict[str, str]:
+        """`host:port` → `healthy` or `unhealthy`, as Envoy's health checks see a cluster's hosts."""
+        found: dict[str, str] = {}
         if not self.admin_address:
-            return "unknown"
+            return found
         with contextlib.suppress(urllib.error.URLError, OSError):
             for line in self.admin_get("/clusters").splitlines():
                 if line.startswith(f"{cluster}::") and "::health_flags::" in line:
-                    return "healthy" if line.endswith("::healthy") else "unhealthy"
-        return "unknown"
+                    host = line[len(cluster) + 2 :].split("::health_flags::")[0]
+                    found[host] = "healthy" if line.endswith("::healthy") else "unhealthy"
+        return found
+
+    def cluster_health(self, cluster: str) -> str:
+        """`healthy`, `unhealthy` or `unknown`: what Envoy's health checks say of a cluster's first host."""
+        return next(iter(self.hosts_health(cluster).values()), "unknown")
+
+    def host_health(self, cluster: str, host: str) -> str:
+        """`healthy`, `unhealthy` or `unknown` (not in the cluster) for one `host:port`."""
+        return self.hosts_health(cluster).get(host, "unknown")
 
     def log_tail(self, n_chars: int = 3000) -> str:
         try:

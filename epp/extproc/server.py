@@ -12,6 +12,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
@@ -20,6 +21,7 @@ from grpc_health.v1 import health_pb2_grpc
 from epp import tls
 from epp.errors import ConfigError
 from epp.extproc import wire
+from epp.extproc.accesslog import AccessLogReceiver
 from epp.extproc.stream import ProtocolError, StreamHandler, StreamOptions
 from epp.observability.logging import bound_request_id, request_id_var
 
@@ -47,14 +49,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        handler = StreamHandler(self._options)
+        handler = StreamHandler(self._options, peer=context.peer())
         try:
             async for message in _decoded(request_iterator, context):
                 # The request id on this message's log lines; set and reset inline (not a
                 # context manager) because it happens for every message.
                 bound = request_id_var.set(handler.request_id or "-")
                 try:
-                    await handler.prepare(message)
+                    if handler.wants_prepare:
+                        await handler.prepare(message)
                     replies = handler.handle(message)
                 except ProtocolError as err:
                     log.warning("ext_proc protocol error", extra={"error": str(err)})
@@ -152,14 +155,18 @@ def build_ext_proc_server(
     port: int,
     credentials: grpc.ServerCredentials | None,
     health_servicer: object | None = None,
+    access_log: AccessLogReceiver | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A not-yet-started grpc.aio server with the processor; returns it and the bound port.
 
     With `health_servicer`, grpc.health.v1 is served on this port too, for data planes whose
-    EPP cluster health-checks the ext_proc port (GIE's reference Envoy config does).
+    EPP cluster health-checks the ext_proc port (GIE's reference Envoy config does). With
+    `access_log`, the gateway's gRPC access logger can send its entries to the same address.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    if access_log is not None:
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     if health_servicer is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = bind(server, grpc_address(host, port), credentials)

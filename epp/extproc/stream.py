@@ -7,6 +7,12 @@ FULL_DUPLEX_STREAMED defers the headers reply until the body has ended, then sen
 (destination, Content-Length, metadata) and the body back in 62000-byte chunks. BUFFERED
 answers headers at once and routes on the whole-body message. The mode comes from
 `protocol_config` on the first message, else the configured default.
+
+When the data plane announces that no response body follows (`response_body_mode: NONE`, the
+default of every Envoy config we generate), the stream ends as soon as the request is routed
+(`done`), so an EPP that stops or dies cannot cut a response. The request then finishes when the
+gateway's access-log entry for it arrives (`Completions`), or at once when that gateway sends none.
+When the response does pass through, it finishes at the response's end, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from epp.clock import Clock
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages, wire
+from epp.extproc.completions import Completion, Completions
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,15 @@ class Usage:
     total_tokens: int = 0
 
 
+class FinishedBy(enum.Enum):
+    """What told the EPP that a routed request had finished."""
+
+    RESPONSE = "response"  # its response passed through the stream to the end
+    ACCESS_LOG = "access-log"  # the gateway's access-log entry
+    STREAM_END = "stream-end"  # its stream ended and no access-log entry was coming
+    EXPIRED = "expired"  # an access-log entry was expected and never came
+
+
 @dataclass(frozen=True, slots=True)
 class StreamRecord:
     """What happened on one stream, handed to `on_finished` (metrics, decision log)."""
@@ -78,7 +94,10 @@ class StreamRecord:
     usage: Usage | None
     request_body_bytes: int
     response_body_bytes: int
-    first_response_body_at_s: float | None = None  # Clock time of the first response body byte
+    ttft_s: float | None = None  # to the first response byte, from arrival (or the gateway's clock)
+    duration_s: float | None = None  # whole request, when the gateway measured it; None: until now
+    finished_by: FinishedBy | None = None  # None: the request was never routed
+    served_address: str | None = None  # the endpoint that answered, when the data plane said
 
 
 # request id -> extra headers for the upstream request (e.g. `traceparent` of the decision span)
@@ -97,6 +116,8 @@ class StreamOptions:
     # On-demand adapter loading: when set, `prepare` picks ahead of `handle` and holds the
     # stream (only this one) until the picked pod has the request's adapter.
     loader: AdapterLoader | None = None
+    # Finishing requests from the gateway's access log; None: each finishes when its stream ends.
+    completions: Completions | None = None
 
 
 # The only response headers the stream reads (status for metrics, content type for SSE).
@@ -108,12 +129,20 @@ class ProtocolError(Exception):
 
 
 class StreamHandler:
-    """Serves one ext_proc stream. Not thread-safe; lives on the event loop."""
+    """Serves one ext_proc stream. Not thread-safe; lives on the event loop.
 
-    def __init__(self, options: StreamOptions) -> None:
+    `peer` is the data plane's grpc peer string: its access-log stream, if it has one, comes
+    from the same host.
+    """
+
+    def __init__(self, options: StreamOptions, *, peer: str = "") -> None:
         self._director = options.director
         self._settings = options.settings
         self._loader = options.loader
+        self._completions = options.completions
+        self._peer = peer
+        self._completion_key = ""
+        self._logged: Completion | None = None  # an access-log entry that came while the stream was open
         self._prepared: RoutingDecision | None = None
         self._prepared_error: EppError | None = None
         self._on_finished = options.on_finished
@@ -141,7 +170,9 @@ class StreamHandler:
         self._response_bytes = 0
         self._finished = False
         self._completed = False
-        self.done = False  # an ImmediateResponse was sent: the stream must end
+        # Nothing more to do on this stream (an ImmediateResponse was sent, or the request was
+        # routed and no response follows): the server ends it.
+        self.done = False
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -155,6 +186,11 @@ class StreamHandler:
             return self._dispatch(message)
         except EppError as err:
             return [self._fail(err)]
+
+    @property
+    def wants_prepare(self) -> bool:
+        """Whether `prepare` may pick ahead (an adapter loader is set and the request is not routed)."""
+        return self._loader is not None and not self.done and not self._request_done
 
     async def prepare(self, message: pb.ProcessingRequest) -> None:
         """Pick ahead of `handle` when `message` completes the request and an adapter may need loading.
@@ -193,25 +229,78 @@ class StreamHandler:
         return [self._fail(EppError(ErrorCode.INTERNAL, "internal error", reason="internal"))]
 
     def close(self) -> None:
-        """The stream ended (EOF, cancel or after an ImmediateResponse): report once."""
+        """The stream ended (EOF, cancel, after an ImmediateResponse or once routed): report once.
+
+        A routed request whose response did not pass through waits for its access-log entry when
+        the gateway sends one; otherwise it finishes now.
+        """
         if self._finished:
             return
         self._finished = True
+        key, completions = self._completion_key, self._completions
+        if self._decision is None or self._completed or key == "" or completions is None:
+            self._finish(FinishedBy.RESPONSE if self._completed else FinishedBy.STREAM_END)
+        elif self._logged is not None:
+            self._finish_from_log(self._logged)
+        elif completions.receives_from(self._peer):
+            completions.wait(key, self._peer)
+        else:
+            completions.forget(key)
+            self._finish(FinishedBy.STREAM_END)
+
+    def _finish_from_log(self, completion: Completion | None) -> None:
+        """The access-log entry for this request came (or, with None, never will)."""
+        if not self._finished:
+            self._logged = completion  # the stream is still open: `close` uses it
+            return
+        if completion is None:
+            self._finish(FinishedBy.EXPIRED)
+            return
+        self._status = completion.status
+        if completion.served_address:
+            self._served = completion.served_address
+        self._response_bytes = completion.response_body_bytes
+        self._finish(FinishedBy.ACCESS_LOG, completion)
+
+    def _finish(self, finished_by: FinishedBy, completion: Completion | None = None) -> None:
+        """Tell the director (once) and report the stream."""
         self._complete()
-        if self._on_finished is not None:
-            self._on_finished(
-                StreamRecord(
-                    request_id=self.request_id,
-                    decision=self._decision,
-                    error=self._error,
-                    response_status=self._status,
-                    streaming_response=self._sse,
-                    usage=self._usage,
-                    request_body_bytes=len(self._body),
-                    response_body_bytes=self._response_bytes,
-                    first_response_body_at_s=self._first_response_body_at_s,
-                )
+        if self._completion_key and self._completions is not None:
+            self._completions.forget(self._completion_key)
+        decision = self._decision
+        if decision is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request finished",
+                extra={
+                    "request_id": self.request_id,
+                    "status": self._status,
+                    "served": self._served,
+                    "finished_by": finished_by.value,
+                },
             )
+        if self._on_finished is None:
+            return
+        ttft_s = None
+        if completion is not None:
+            ttft_s = completion.ttft_s
+        elif decision is not None and self._first_response_body_at_s is not None:
+            ttft_s = self._first_response_body_at_s - decision.request.arrival_s
+        self._on_finished(
+            StreamRecord(
+                request_id=self.request_id,
+                decision=decision,
+                error=self._error,
+                response_status=self._status,
+                streaming_response=self._sse,
+                usage=self._usage,
+                request_body_bytes=len(self._body),
+                response_body_bytes=self._response_bytes,
+                ttft_s=ttft_s,
+                duration_s=completion.duration_s if completion is not None else None,
+                finished_by=finished_by if decision is not None else None,
+                served_address=self._served,
+            )
+        )
 
     @property
     def mode(self) -> BodyMode:
@@ -325,6 +414,10 @@ class StreamHandler:
             )
         self._decision = decision
         self._request_done = True
+        if self._completions is not None:
+            self._completion_key = self._completions.expect(self._finish_from_log)
+        if self._response_mode is BodyMode.NONE:
+            self.done = True  # no response follows: end the stream now
         if log.isEnabledFor(logging.DEBUG):  # the fields cost more than the call when it is off
             log.debug(
                 "request routed",
@@ -343,6 +436,7 @@ class StreamHandler:
             set_headers=messages.routing_headers(destination, None, self._routed_headers()),
             remove_headers=self._strip,
             destination=destination,
+            completion_key=self._completion_key,
         )
 
     def _route_streamed(self) -> list[pb.ProcessingResponse]:
@@ -352,13 +446,14 @@ class StreamHandler:
             set_headers=messages.routing_headers(destination, len(decision.body), self._routed_headers()),
             remove_headers=self._strip,
             destination=destination,
+            completion_key=self._completion_key,
         )
         return [headers, *messages.chunked_request_body(decision.body)]
 
     def _route_buffered(self) -> pb.ProcessingResponse:
         decision = self._route(bytes(self._body))
         return messages.buffered_request_body_reply(
-            decision.body, decision.destination, self._routed_headers()
+            decision.body, decision.destination, self._routed_headers(), self._completion_key
         )
 
     def _routed_headers(self) -> list[tuple[str, str]]:
@@ -428,13 +523,15 @@ class StreamHandler:
             self._usage = parse_json_usage(chunk) or self._usage
 
     def _read_sse_usage(self, chunk: bytes) -> None:
-        data = self._sse_tail + chunk
-        lines = data.split(b"\n")
-        self._sse_tail = lines.pop()[-65536:]  # an unfinished line waits for the next chunk
-        for line in lines:
-            usage = parse_sse_usage(line)
-            if usage is not None:
-                self._usage = usage
+        data = self._sse_tail + chunk if self._sse_tail else chunk
+        end = data.rfind(b"\n") + 1  # complete lines end here
+        self._sse_tail = data[end:][-65536:]  # an unfinished line waits for the next chunk
+        # Only the last chunk of a stream carries usage: every other one costs two scans in C.
+        if end and data.find(b'"usage"', 0, end) >= 0:
+            for line in data[:end].split(b"\n"):
+                usage = parse_sse_usage(line)
+                if usage is not None:
+                    self._usage = usage
 
     def _complete(self) -> None:
         """Tell the director the request finished (once): at response end, else at stream close."""

@@ -34,6 +34,8 @@ WENT_INTO_RESP_HEADERS = "x-went-into-resp-headers"
 LB_METADATA_NAMESPACE = "envoy.lb"
 DESTINATION_ENDPOINT_KEY = "x-gateway-destination-endpoint"
 SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
+# Ours: the key the EPP gives each routed request, returned by the gateway's access-log entry.
+COMPLETION_KEY = "lora-epp-completion-key"
 SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
 

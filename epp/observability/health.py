@@ -51,6 +51,7 @@ class Health:
         self.servicer = EppHealthServicer(leader_election=leader_election)
         self._leader_election = leader_election
         self._ready: bool | None = None
+        self._shut_down = False
 
     @property
     def ready(self) -> bool:
@@ -61,13 +62,18 @@ class Health:
         await self._set_ready(False)
 
     async def update(self, *, synced: bool, leader: bool = True) -> None:
-        ready = synced and (leader or not self._leader_election)
+        ready = synced and (leader or not self._leader_election) and not self._shut_down
         if ready != self._ready:
             await self._set_ready(ready)
 
     async def shutdown(self) -> None:
         """Every service NOT_SERVING, for good (SIGTERM: let Envoy and Kubernetes drain us)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._ready = False
         await self.servicer.enter_graceful_shutdown()
+        log.info("readiness changed", extra={"ready": False})
 
     async def _set_ready(self, ready: bool) -> None:
         self._ready = ready

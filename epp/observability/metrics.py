@@ -181,6 +181,14 @@ class EppMetrics:
             ("criticality",),
             registry=registry,
         )
+        self._finished_by = Counter(
+            "inference_extension_request_finished_total",
+            "Routed requests by what told the EPP they had finished: their response passing through "
+            "(response), the gateway's access log (access-log), the end of their stream with no access "
+            "log coming (stream-end), or an access-log entry that never came (expired).",
+            ("source",),
+            registry=registry,
+        )
         self._total_of = _Children(self._request_total)
         self._errors_of = _Children(self._request_errors)
         self._request_sizes_of = _Children(self._request_sizes)
@@ -192,6 +200,7 @@ class EppMetrics:
         self._running_of = _Children(self._running)
         self._picks_of = _Children(self._picks)
         self._adapter_of = _Children(self._adapter)
+        self._finished_by_of = _Children(self._finished_by)
 
     # -- request path ----------------------------------------------------------------------
 
@@ -212,6 +221,9 @@ class EppMetrics:
             self._duration_of(*labels).observe(max(0.0, outcome.duration_s))
         if outcome.ttft_s is not None:
             self._ttft_of(*labels).observe(max(0.0, outcome.ttft_s))
+
+    def record_finished_by(self, source: str) -> None:
+        self._finished_by_of(source).inc()
 
     def request_started(self, model_name: str) -> None:
         self._running_of(model_name).inc()

@@ -88,7 +88,9 @@ class Observer:
                 del self._open[record.request_id]
         decision = record.decision
         request = decision.request if decision is not None else None
-        duration_s = self._clock.now() - request.arrival_s if request is not None else None
+        duration_s = record.duration_s
+        if duration_s is None and request is not None:
+            duration_s = self._clock.now() - request.arrival_s
         usage = record.usage
         if request is not None:
             model_name, target_model_name = request.incoming_model, request.target_model
@@ -104,15 +106,13 @@ class Observer:
                 prompt_tokens=usage.prompt_tokens if usage is not None else None,
                 completion_tokens=usage.completion_tokens if usage is not None else None,
                 duration_s=duration_s,
-                ttft_s=(
-                    record.first_response_body_at_s - request.arrival_s
-                    if request is not None and record.first_response_body_at_s is not None
-                    else None
-                ),
+                ttft_s=record.ttft_s,
             )
         )
         if request is not None:  # a decision means the scheduler's on_routed ran
             self.metrics.request_finished(request.target_model)
+        if record.finished_by is not None:
+            self.metrics.record_finished_by(record.finished_by.value)
         if state is not None and state.logged:
             self.decisions.set_status(record.request_id, record.response_status)
         elif record.error is not None and record.request_id:

@@ -13,8 +13,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.clock import FakeClock
 from epp.director import Director
+from epp.extproc.completions import Completion, Completions
 from epp.extproc.stream import (
     BodyMode,
+    FinishedBy,
     ProtocolError,
     StreamHandler,
     StreamOptions,
@@ -27,6 +29,7 @@ from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 Mode = processing_mode_pb2.ProcessingMode
 BODY = b'{"model":"m","prompt":"hello"}'
+GATEWAY = "ipv4:10.0.0.9:41234"
 
 
 def headers_message(
@@ -109,6 +112,7 @@ class Harness:
         exhausted: bool = False,
         max_request_body_bytes: int = 1 << 20,
         max_header_bytes: int = 8192,
+        completions: Completions | None = None,
     ) -> None:
         self.scheduler = FakeScheduler(exhausted=exhausted)
         director = Director(pool_datastore(pod_ips), self.scheduler, clock=FakeClock(), rng=random.Random(1))
@@ -122,7 +126,9 @@ class Harness:
                     max_header_bytes=max_header_bytes,
                 ),
                 on_finished=self.records.append,
-            )
+                completions=completions,
+            ),
+            peer=GATEWAY,
         )
 
     def send(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -488,3 +494,92 @@ def test_served_endpoint_and_server_error_reach_the_scheduler() -> None:
 )
 def test_parse_sse_usage(line: bytes, usage: Usage | None) -> None:
     assert parse_sse_usage(line) == usage
+
+
+# -- the request-only path: the stream ends once routed, the access log finishes the request ------
+
+
+def metadata_key(reply: pb.ProcessingResponse) -> str:
+    fields = reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    return str(fields["lora-epp-completion-key"].string_value)
+
+
+def route_request_only(h: Harness, mode: int = Mode.FULL_DUPLEX_STREAMED) -> list[pb.ProcessingResponse]:
+    """Route with the data plane announcing that no response body follows (our default config);
+    returns the replies to the body, the first of which carries the pick."""
+    h.send(headers_message({"x-request-id": "r"}, request_mode=mode, response_mode=Mode.NONE))
+    return h.send(body_message(BODY, True))
+
+
+@pytest.mark.parametrize("mode", [Mode.FULL_DUPLEX_STREAMED, Mode.BUFFERED], ids=["fdx", "buffered"])
+def test_with_no_response_body_the_stream_ends_once_routed(mode: int) -> None:
+    completions = Completions(FakeClock())
+    h = Harness(completions=completions)
+    replies = route_request_only(h, mode)
+    routing = replies[0]
+    assert metadata_destination(routing) == "10.0.0.1:8000"
+    assert metadata_key(routing)  # the access log brings it back
+    assert h.handler.done  # the server ends the stream: nothing of the response passes through
+    assert h.send(pb.ProcessingRequest(response_headers=pb.HttpHeaders())) == []
+
+
+def test_with_a_response_body_coming_the_stream_stays_open() -> None:
+    h = Harness(completions=Completions(FakeClock()))
+    route(h)
+    assert not h.handler.done
+
+
+def test_a_request_waits_for_its_access_log_entry_when_the_gateway_sends_one() -> None:
+    completions = Completions(FakeClock())
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")
+    h = Harness(completions=completions)
+    key = metadata_key(route_request_only(h)[0])
+    h.handler.close()
+    assert h.scheduler.completed == [] and h.records == []  # still in flight
+    entry = Completion(
+        status=503, served_address="10.0.0.2:8000", response_body_bytes=9, duration_s=1.5, ttft_s=0.2
+    )
+    assert completions.on_entry(key, entry)
+    assert h.scheduler.completed == [("r", "pod-1-rank-0", False)]  # the endpoint that answered
+    [record] = h.records
+    assert record.finished_by is FinishedBy.ACCESS_LOG
+    assert (record.response_status, record.response_body_bytes) == (503, 9)
+    assert (record.duration_s, record.ttft_s, record.served_address) == (1.5, 0.2, "10.0.0.2:8000")
+
+
+def test_without_an_access_log_the_request_finishes_when_its_stream_ends() -> None:
+    completions = Completions(FakeClock())
+    completions.log_stream_opened("ipv4:10.0.0.7:60000")  # another gateway's log stream
+    h = Harness(completions=completions)
+    key = metadata_key(route_request_only(h)[0])
+    h.handler.close()
+    assert h.scheduler.completed == [("r", "pod-0-rank-0", True)]
+    assert h.records[0].finished_by is FinishedBy.STREAM_END
+    assert not completions.on_entry(key, Completion(200, None))  # nothing waits for it any more
+
+
+def test_an_entry_that_never_comes_expires() -> None:
+    clock = FakeClock()
+    completions = Completions(clock, wait_s=5.0)
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")
+    h = Harness(completions=completions)
+    route_request_only(h)
+    h.handler.close()
+    clock.advance(6.0)
+    completions.expire()
+    assert h.scheduler.completed == [("r", "pod-0-rank-0", True)]
+    assert h.records[0].finished_by is FinishedBy.EXPIRED
+
+
+def test_a_response_that_passes_through_finishes_the_request_itself() -> None:
+    completions = Completions(FakeClock())
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")
+    h = Harness(completions=completions)
+    h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
+    key = metadata_key(h.send(body_message(BODY, True))[0])
+    h.send(response_headers_message({":status": "200", "content-type": "application/json"}))
+    h.send(response_body_message(b"{}", True))
+    h.handler.close()
+    assert h.records[0].finished_by is FinishedBy.RESPONSE
+    assert not completions.on_entry(key, Completion(200, None))  # the later log entry is ignored
+    assert len(h.scheduler.completed) == 1
