@@ -1,8 +1,9 @@
 """What the EPP costs on a real request path: CPU per request and per streamed token, added latency,
 throughput per core, memory under soak. Real Envoy + `epp serve` + `epp sim` pods on loopback.
 
-Run:  .venv/bin/python benchmarks/soak.py [--rate 8] [--duration-s 20] [--pods 4] [--length-requests 256]
-      [--hot-requests 2000] [--single-requests 300] [--seed 1] [--pin] [--skip-soak] [--json results.json]
+Run:  .venv/bin/python benchmarks/soak.py [--rate 8] [--duration-s 15] [--pods 4]
+      [--length-requests 160] [--length-rate 16] [--hot-requests 2000] [--single-requests 300]
+      [--seed 1] [--baseline-tree DIR] [--pin] [--skip-soak] [--json results.json]
 
 Three stacks start side by side, each with its own sims (first token at once, 1 ms per further
 token, so a streamed response reaches Envoy about one chunk per token, as vLLM's do):
@@ -11,27 +12,39 @@ token, so a streamed response reaches Envoy about one chunk per token, as vLLM's
   learns how it ended from Envoy's gRPC access log;
 - `epp+responses`: the same with `--process-responses`: every response chunk passes through
   the EPP (the former default, and what kgateway, Istio and Envoy AI Gateway configure);
-- `direct`: the same Envoy with a plain round-robin cluster of its sims, no ext_proc.
+- `direct`: the same Envoy with a plain round-robin cluster of its sims, no ext_proc;
+- with `--baseline-tree DIR`, also `baseline+responses`: another checkout's EPP (an earlier
+  commit's `git worktree`, with its `epp/_proto` built) with responses through it.
+
+The EPPs scrape their pods every second (not every 100 ms, `epp serve`'s default): scraping busy
+pods is the EPP's largest background cost and varies with their load, so at 100 ms it would drown
+the per-request figures in noise. EPP CPU comes from /proc/<pid>/stat. It is reported net of the
+EPP's background: before each
+measurement the same workload goes straight to that stack's pods, and the EPP's CPU rate then
+(scraping pods exactly as busy, routing nothing) is subtracted over the measured run's duration.
+An idle-time figure would not do: scraping busy pods costs more, and would be charged to the
+requests that keep them busy longest.
 
 Phases, each bounded in count and time, the EPP stacks measured one after the other so each
 CPU figure is that EPP's alone:
 
 1. by length: `--length-requests` requests of 8 tokens (not streamed), 8, 256 and 1024 tokens
-   (streamed) at concurrency 32 through the `epp` stack (an eighth as many through
-   `epp+responses`, whose EPP works ~100× more per long request): EPP CPU per request net of its
-   idle scraping, the ext_proc messages Envoy sent per request (its own counter), and the ratio
-   to the 8-token non-streamed request;
+   (streamed) at `--length-rate` requests/s through the `epp` stack (an eighth as many at a
+   quarter of the rate through the stacks whose EPP works ~100× more per long request): EPP CPU
+   per request, the ext_proc messages Envoy sent per request (its own counter), and the ratio to
+   the 8-token non-streamed request;
 2. soak: open loop at `--rate` requests/s to every stack for `--duration-s`, half streamed, with
    output lengths drawn from the Azure LLM inference trace (conversation) shipped in
    `epp/bench/data/`: P50/P99 latency and what the EPP adds to them, errors, EPP CPU per request
    and per output token, requests per EPP CPU-second, RSS at start and end;
 3. hot path: `--hot-requests` short non-streamed requests at concurrency 16 through each EPP
-   stack and direct: requests/s and requests per EPP CPU-second (gross and net of idle), Envoy's
-   CPU per request;
+   stack and direct, then a quarter as many of the soak's mixed streamed requests at concurrency
+   64 (as fast as the sims here produce tokens): requests/s,
+   requests per EPP CPU-second (gross, and net of the background), Envoy's CPU per request;
 4. one connection: `--single-requests` sequential short requests on each stack: added P50.
 
-Wall-clock figures depend on the machine (the EPPs, three Envoys, twelve sims and this client
-share its cores); CPU per request much less. `--pin` puts both EPPs on the first allowed CPU and
+Wall-clock figures depend on the machine (the EPPs, the Envoys, the sims and this client share
+its cores); CPU per request much less. `--pin` puts the EPPs on the first allowed CPU and
 everything else on the rest.
 """
 
@@ -41,13 +54,14 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import pathlib
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import aiohttp
 
@@ -58,9 +72,8 @@ from epp.localstack import LocalStack, SimOptions, StackOptions
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 HOT_CONCURRENCY = 16
-LENGTH_CONCURRENCY = 32
+MIXED_CONCURRENCY = 64  # streamed requests last ~0.3 s: as many in flight as the sims can feed here
 REQUEST_TIMEOUT_S = 60.0
-IDLE_WINDOW_S = 5.0
 MAX_TRACE_TOKENS = 2048  # longer outputs are capped (0.1 % of the trace)
 LENGTHS = ((8, False), (8, True), (256, True), (1024, True))
 EPP_STACKS = ("epp", "epp+responses")
@@ -214,22 +227,25 @@ async def send(
     samples.add(status, time.perf_counter() - started, request.max_tokens)
 
 
-async def open_loop(urls: Sequence[str], rate: float, duration_s: float, seed: int) -> list[Samples]:
-    """`rate` requests/s to each URL for `duration_s`, whatever the replies' pace (in flight capped)."""
-    results = [Samples() for _ in urls]
+async def open_loop(
+    targets: Sequence[Sequence[str]], rate: float, count: int, source: Iterator[Request]
+) -> list[Samples]:
+    """`count` requests at `rate` requests/s to each target (its URLs in turn), whatever the
+    replies' pace (in flight capped)."""
+    results = [Samples() for _ in targets]
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=0)
     pending: set[asyncio.Task[None]] = set()
-    source = trace_requests(seed)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         start = time.perf_counter()
-        for index in range(int(rate * duration_s)):
+        for index in range(count):
             delay = start + index / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             request = next(source)
-            for url, samples in zip(urls, results, strict=True):
+            for urls, samples in zip(targets, results, strict=True):
                 if len(pending) < 2000:
+                    url = urls[index % len(urls)]
                     task = asyncio.create_task(send(session, url, request, index, samples))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
@@ -240,15 +256,16 @@ async def open_loop(urls: Sequence[str], rate: float, duration_s: float, seed: i
 
 
 async def closed_loop(
-    url: str, concurrency: int, requests: int, source: Iterator[Request]
+    urls: Sequence[str], concurrency: int, requests: int, source: Iterator[Request]
 ) -> tuple[Samples, float]:
+    """`requests` requests from `concurrency` workers, to `urls` in turn; samples and seconds taken."""
     samples = Samples()
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     counter = iter(range(requests))
 
     async def worker(session: aiohttp.ClientSession) -> None:
         for index in counter:
-            await send(session, url, next(source), index, samples)
+            await send(session, urls[index % len(urls)], next(source), index, samples)
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -275,14 +292,38 @@ def stack_options(
         sim=sim,
         routing=routing,
         process_responses=process_responses,
-        refresh_metrics_interval="100ms",  # `epp serve`'s default
+        # Every second, not `epp serve`'s 100 ms: scraping busy pods is the EPP's largest background
+        # cost (`benchmarks/scrape_cost.py`) and varies with their load; at 1 s it stays small next
+        # to what the requests cost, so the figures net of it are steady.
+        refresh_metrics_interval="1s",
         extra_serve_args=("--v", "1"),
     )
     if tree is None:
         return options
     # Another checkout's EPP: run from its own directory, so `-m epp` imports that tree.
     command = ("env", "-C", str(tree), f"PYTHONPATH={tree}", sys.executable, "-m", "epp")
-    return dataclasses.replace(options, epp_command=command)
+    return dataclasses.replace(options, epp_command=command, drain_period=None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Measured:
+    """One workload through a stack's gateway, with the EPP CPU it cost beyond its background."""
+
+    samples: Samples
+    elapsed_s: float
+    epp_cpu_s: float  # gross
+    background_cores: float  # the EPP's CPU while the same workload went straight to its pods
+    ext_proc_messages: int
+
+    @property
+    def net_cpu_s(self) -> float:
+        return max(1e-9, self.epp_cpu_s - self.background_cores * self.elapsed_s)
+
+    def ms_per_request(self) -> float:
+        return round(1000 * self.net_cpu_s / max(1, self.samples.served), 3)
+
+    def per_cpu_second(self) -> float:
+        return round(self.samples.served / self.net_cpu_s, 1)
 
 
 @dataclasses.dataclass(slots=True)
@@ -290,47 +331,83 @@ class EppUnderTest:
     name: str
     stack: LocalStack
     pid: int
-    idle_cores: float = 0.0
 
     @property
     def url(self) -> str:
         return f"{self.stack.gateway_url}/v1/completions"
 
-    async def measure_idle(self) -> None:
-        """What the EPP spends with no traffic (scraping the pods), per second."""
-        before = cpu_s(self.pid)
-        await asyncio.sleep(IDLE_WINDOW_S)
-        self.idle_cores = (cpu_s(self.pid) - before) / IDLE_WINDOW_S
+    @property
+    def pod_urls(self) -> list[str]:
+        return [f"{pod.url}/v1/completions" for pod in self.stack.pods]
 
-    async def closed_loop(
-        self, concurrency: int, requests: int, source: Iterator[Request]
-    ) -> tuple[Samples, float, float, int]:
-        """Samples, elapsed seconds, EPP CPU net of idle, ext_proc messages."""
-        cpu_before, messages_before = cpu_s(self.pid), ext_proc_messages(self.stack)
-        samples, elapsed_s = await closed_loop(self.url, concurrency, requests, source)
-        cpu = cpu_s(self.pid) - cpu_before
-        net = max(1e-9, cpu - self.idle_cores * elapsed_s)
-        return samples, elapsed_s, net, ext_proc_messages(self.stack) - messages_before
+    async def measure(self, load: Callable[[Sequence[str]], Awaitable[Samples]]) -> Measured:
+        """`load` straight to the pods (the EPP only scrapes them, as busy as they will be), then
+        through the gateway; the first run's EPP CPU rate is the background of the second. Scraping
+        busy pods costs more than idle ones, so an idle-time figure would charge longer requests
+        for the scrapes that happen while they run."""
+        before, started = cpu_s(self.pid), time.perf_counter()
+        await load(self.pod_urls)
+        background = (cpu_s(self.pid) - before) / (time.perf_counter() - started)
+        before, messages, started = cpu_s(self.pid), ext_proc_messages(self.stack), time.perf_counter()
+        samples = await load([self.url])
+        return Measured(
+            samples,
+            time.perf_counter() - started,
+            cpu_s(self.pid) - before,
+            background,
+            ext_proc_messages(self.stack) - messages,
+        )
 
 
-async def by_length(epps: Sequence[EppUnderTest], requests: int) -> dict[str, dict[str, object]]:
-    """CPU per request by response length. A stack whose EPP passes responses through spends ~100×
-    more per long request, so it gets an eighth of the requests: enough to rise far above its
-    idle CPU, while the default stack needs many to measure its small, length-free cost."""
+def closed(
+    concurrency: int, requests: int, source: Callable[[], Iterator[Request]]
+) -> Callable[[Sequence[str]], Awaitable[Samples]]:
+    """A closed loop of `requests` at `concurrency`, each run drawing from a fresh `source()`."""
+
+    async def load(urls: Sequence[str]) -> Samples:
+        samples, _ = await closed_loop(urls, concurrency, requests, source())
+        return samples
+
+    return load
+
+
+def opened(
+    rate: float, requests: int, source: Callable[[], Iterator[Request]]
+) -> Callable[[Sequence[str]], Awaitable[Samples]]:
+    """An open loop of `requests` at `rate` per second, each run drawing from a fresh `source()`."""
+
+    async def load(urls: Sequence[str]) -> Samples:
+        [samples] = await open_loop([urls], rate, requests, source())
+        return samples
+
+    return load
+
+
+async def by_length(epps: Sequence[EppUnderTest], requests: int, rate: float) -> dict[str, dict[str, object]]:
+    """CPU per request by response length, every length at the same request rate: Envoy flushes
+    its access log every 100 ms, so how many entries share a message depends on how often
+    requests end, not on how long they are. A stack whose EPP passes responses through spends
+    ~100× more per long request: it gets an eighth of the requests at a quarter of the rate,
+    enough to rise far above its background without saturating it."""
     table: dict[str, dict[str, object]] = {}
     for max_tokens, stream in LENGTHS:
         label = f"{max_tokens} tokens{' streamed' if stream else ''}"
         row: dict[str, object] = {}
         for epp in epps:
-            count = requests if epp.name == EPP_STACKS[0] else max(LENGTH_CONCURRENCY, requests // 8)
-            samples, _, net_cpu, messages = await epp.closed_loop(
-                LENGTH_CONCURRENCY, count, fixed_requests(max_tokens, stream)
-            )
+            source = functools.partial(fixed_requests, max_tokens, stream)
+            if epp.name == EPP_STACKS[0]:
+                load = opened(rate, requests, source)
+            else:
+                load = opened(rate / 4, max(8, requests // 8), source)
+            measured = await epp.measure(load)
             row[epp.name] = {
-                "requests": samples.served,
-                "errors": samples.errors,
-                "epp_cpu_ms_per_request": round(1000 * net_cpu / max(1, samples.served), 3),
-                "ext_proc_messages_per_request": round(messages / max(1, samples.served), 1),
+                "requests": measured.samples.served,
+                "errors": measured.samples.errors,
+                "epp_cpu_ms_per_request": measured.ms_per_request(),
+                "ext_proc_messages_per_request": round(
+                    measured.ext_proc_messages / max(1, measured.samples.served), 1
+                ),
+                "background_epp_cpu_cores": round(measured.background_cores, 3),
             }
         table[label] = row
     base = table[f"{LENGTHS[0][0]} tokens"]
@@ -348,9 +425,20 @@ async def by_length(epps: Sequence[EppUnderTest], requests: int) -> dict[str, di
 async def soak(
     epps: Sequence[EppUnderTest], direct_url: str, rate: float, duration_s: float, seed: int
 ) -> dict[str, object]:
-    before = {epp.name: process_usage(epp.pid) for epp in epps}
+    """The open loop straight to every EPP stack's pods first (each EPP's background while its pods
+    are this busy), then through every stack at once, direct included."""
+    count = int(rate * duration_s)
+    before = {epp.name: cpu_s(epp.pid) for epp in epps}
     started = time.perf_counter()
-    *through, direct = await open_loop([epp.url for epp in epps] + [direct_url], rate, duration_s, seed)
+    await open_loop([epp.pod_urls for epp in epps], rate, count, trace_requests(seed))
+    control_s = time.perf_counter() - started
+    background = {epp.name: (cpu_s(epp.pid) - before[epp.name]) / control_s for epp in epps}
+
+    usage = {epp.name: process_usage(epp.pid) for epp in epps}
+    started = time.perf_counter()
+    *through, direct = await open_loop(
+        [[epp.url] for epp in epps] + [[direct_url]], rate, count, trace_requests(seed)
+    )
     elapsed_s = time.perf_counter() - started
     report: dict[str, object] = {
         "rate_per_stack": rate,
@@ -361,8 +449,8 @@ async def soak(
     }
     for epp, samples in zip(epps, through, strict=True):
         after = process_usage(epp.pid)
-        cpu = after.cpu_s - before[epp.name].cpu_s
-        net = max(1e-9, cpu - epp.idle_cores * elapsed_s)
+        cpu = after.cpu_s - usage[epp.name].cpu_s
+        net = max(1e-9, cpu - background[epp.name] * elapsed_s)
         report[epp.name] = {
             "requests": samples.served,
             "output_tokens": samples.tokens,
@@ -373,10 +461,11 @@ async def soak(
             "errors": samples.errors,
             "statuses": samples.statuses,
             "epp_cpu_cores": round(cpu / elapsed_s, 3),
+            "background_epp_cpu_cores": round(background[epp.name], 3),
             "epp_cpu_ms_per_request_net": round(1000 * net / max(1, samples.served), 3),
             "epp_cpu_us_per_output_token_net": round(1e6 * net / max(1, samples.tokens), 2),
             "epp_rps_per_cpu_s_net": round(samples.served / net, 1),
-            "epp_rss_start_mib": round(before[epp.name].rss_bytes / 2**20, 1),
+            "epp_rss_start_mib": round(usage[epp.name].rss_bytes / 2**20, 1),
             "epp_rss_end_mib": round(after.rss_bytes / 2**20, 1),
         }
     return report
@@ -385,11 +474,12 @@ async def soak(
 async def hot_path(
     epps: Sequence[EppUnderTest], direct: LocalStack, requests: int, seed: int
 ) -> dict[str, object]:
+    """Short requests at concurrency 16, then the soak's mixed streamed workload the same way."""
     report: dict[str, object] = {"concurrency": HOT_CONCURRENCY, "requests": requests}
     direct_envoy = direct.envoy.pid if direct.envoy is not None else None
     envoy_before = cpu_s(direct_envoy)
     direct_samples, direct_s = await closed_loop(
-        f"{direct.gateway_url}/v1/completions", HOT_CONCURRENCY, requests, fixed_requests(1, False)
+        [f"{direct.gateway_url}/v1/completions"], HOT_CONCURRENCY, requests, fixed_requests(1, False)
     )
     report["direct"] = {
         "rps": round(direct_samples.served / direct_s, 1),
@@ -399,32 +489,32 @@ async def hot_path(
     }
     for epp in epps:
         envoy_pid = epp.stack.envoy.pid if epp.stack.envoy is not None else None
-        envoy_before, gross_before = cpu_s(envoy_pid), cpu_s(epp.pid)
-        samples, elapsed_s, net, _ = await epp.closed_loop(
-            HOT_CONCURRENCY, requests, fixed_requests(1, False)
+        envoy_before = cpu_s(envoy_pid)
+        short = await epp.measure(
+            closed(HOT_CONCURRENCY, requests, functools.partial(fixed_requests, 1, False))
         )
-        gross = cpu_s(epp.pid) - gross_before
-        mixed, _, mixed_net, _ = await epp.closed_loop(HOT_CONCURRENCY, requests // 4, trace_requests(seed))
+        envoy_cpu = cpu_s(envoy_pid) - envoy_before
+        mixed = await epp.measure(
+            closed(MIXED_CONCURRENCY, requests // 4, functools.partial(trace_requests, seed))
+        )
         report[epp.name] = {
-            "rps": round(samples.served / elapsed_s, 1),
-            "errors": samples.errors + mixed.errors,
-            "epp_idle_cpu_cores": round(epp.idle_cores, 3),
-            "epp_cpu_ms_per_request": round(1000 * gross / max(1, samples.served), 3),
-            "epp_rps_per_cpu_s": round(samples.served / max(1e-9, gross), 1),
-            "epp_rps_per_cpu_s_net": round(samples.served / net, 1),
-            "mixed_streamed_rps_per_cpu_s_net": round(mixed.served / mixed_net, 1),
-            "envoy_cpu_ms_per_request": round(
-                1000 * (cpu_s(envoy_pid) - envoy_before) / max(1, samples.served), 3
-            ),
+            "rps": round(short.samples.served / short.elapsed_s, 1),
+            "errors": short.samples.errors + mixed.samples.errors,
+            "epp_cpu_ms_per_request": round(1000 * short.epp_cpu_s / max(1, short.samples.served), 3),
+            "epp_rps_per_cpu_s": round(short.samples.served / max(1e-9, short.epp_cpu_s), 1),
+            "epp_rps_per_cpu_s_net": short.per_cpu_second(),
+            "mixed_streamed_epp_cpu_ms_per_request_net": mixed.ms_per_request(),
+            "mixed_streamed_rps_per_cpu_s_net": mixed.per_cpu_second(),
+            "envoy_cpu_ms_per_request": round(1000 * envoy_cpu / max(1, short.samples.served), 3),
         }
     return report
 
 
 async def one_connection(epps: Sequence[EppUnderTest], direct_url: str, requests: int) -> dict[str, object]:
-    direct, _ = await closed_loop(direct_url, 1, requests, fixed_requests(1, False))
+    direct, _ = await closed_loop([direct_url], 1, requests, fixed_requests(1, False))
     report: dict[str, object] = {"requests": requests, "direct_p50_ms": round(direct.quantile_ms(0.5), 3)}
     for epp in epps:
-        samples, _ = await closed_loop(epp.url, 1, requests, fixed_requests(1, False))
+        samples, _ = await closed_loop([epp.url], 1, requests, fixed_requests(1, False))
         report[epp.name] = {
             "p50_ms": round(samples.quantile_ms(0.5), 3),
             "added_p50_ms": round(samples.quantile_ms(0.5) - direct.quantile_ms(0.5), 3),
@@ -456,12 +546,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         if args.pin:
             results["pinned_cpus"] = pin_stacks([epp.pid for epp in epps])
         for epp in epps:  # warm-up: connections, adapters loaded, the access-log stream open
-            await closed_loop(epp.url, 4, 100, fixed_requests(8, True))
-        await closed_loop(direct_url, 4, 100, fixed_requests(8, True))
-        for epp in epps:
-            await epp.measure_idle()
+            await closed_loop([epp.url], 4, 100, fixed_requests(8, True))
+        await closed_loop([direct_url], 4, 100, fixed_requests(8, True))
 
-        results["by_length"] = await by_length(epps, args.length_requests)
+        results["by_length"] = await by_length(epps, args.length_requests, args.length_rate)
         if not args.skip_soak:
             results["soak"] = await soak(epps, direct_url, args.rate, args.duration_s, args.seed)
         results["hot_path"] = await hot_path(epps, direct, args.hot_requests, args.seed)
@@ -472,13 +560,24 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rate", type=float, default=8.0, help="requests/s to each stack in the soak")
-    parser.add_argument("--duration-s", type=float, default=20.0, help="soak length in seconds")
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=15.0,
+        help="soak length in seconds (run twice: to the pods, then through)",
+    )
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument(
         "--length-requests",
         type=int,
-        default=256,
-        help="requests per length through the default stack (an eighth through epp+responses)",
+        default=160,
+        help="requests per length through the default stack (an eighth through the others)",
+    )
+    parser.add_argument(
+        "--length-rate",
+        type=float,
+        default=16.0,
+        help="requests/s of each length through the default stack (a quarter through the others)",
     )
     parser.add_argument("--hot-requests", type=int, default=2000)
     parser.add_argument("--single-requests", type=int, default=300)

@@ -295,12 +295,17 @@ async def _run_tasks(
         pass
 
     health = lifecycle.health
+    campaign: asyncio.Task[None] | None = None
 
     async def wait_for_stop() -> None:
-        """On stop: NOT_SERVING, keep routing through the drain period, then end the tasks."""
+        """On stop: NOT_SERVING, give up the lease (a standby takes over now, not at exit), keep
+        routing through the drain period, then end the tasks."""
         await lifecycle.stop.wait()
         await health.shutdown()
         lifecycle.access_log.drain()
+        if campaign is not None:
+            campaign.cancel()  # the elector releases the lease as it ends
+            await asyncio.wait([campaign])
         log.info("draining", extra={"drain_period_s": lifecycle.drain_period_s})
         await asyncio.sleep(lifecycle.drain_period_s)
         raise _Stop
@@ -322,11 +327,11 @@ async def _run_tasks(
             changed.clear()
 
     coroutines: list[Coroutine[Any, Any, None]] = [wait_for_stop(), watch_readiness(), sweep_completions()]
-    if elector is not None:
-        coroutines.append(elector.run())
     coroutines.extend(r.run() for r in runnables if r is not None)
     try:
         async with asyncio.TaskGroup() as group:
+            if elector is not None:
+                campaign = group.create_task(elector.run())
             for coroutine in coroutines:
                 group.create_task(coroutine)
     except* _Stop:

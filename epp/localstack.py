@@ -82,6 +82,9 @@ class StackOptions:
     # How the EPP is started (benchmarks run another checkout's EPP beside this one's this way).
     epp_command: tuple[str, ...] = (sys.executable, "-m", "epp")
     refresh_metrics_interval: str = "50ms"
+    # `epp serve --drain-period`: 0 stops a stack at once; rolling restarts under load set it
+    # (None: the flag is not passed, for EPP builds that predate it).
+    drain_period: str | None = "0s"
     extra_serve_args: tuple[str, ...] = ()
     extra_pool_yaml: str = ""  # more documents (InferenceModels, …) appended to the pool file
     keep_workdir: bool = False  # keep the pool file, configs and logs after stop()
@@ -339,6 +342,8 @@ class LocalStack:
             f"--secure-serving={str(opts.epp_tls).lower()}",
             "--refresh-metrics-interval", opts.refresh_metrics_interval,
         ]  # fmt: skip
+        if opts.drain_period is not None:
+            command += ["--drain-period", opts.drain_period]
         if opts.policy is not None:
             command += ["--policy", opts.policy]
         if self.sidecar_port:

@@ -163,7 +163,9 @@ class EnvoyOptions:
     process_responses: bool = False
     # Envoy's gRPC access log to the EPP: how each routed request ended (completion, status, timing).
     access_log: bool = True
-    access_log_flush_interval_s: float = 0.05
+    # As often as `epp serve` scrapes the pods by default: what it knows of requests that ended
+    # is no staler than what it knows of the pods' queues.
+    access_log_flush_interval_s: float = 0.1
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
     # The pool's pods: the FailOpen fallback and the round-robin mode's cluster.
     pool_endpoints: tuple[HostPort, ...] = ()
@@ -251,6 +253,9 @@ def _epp_cluster(options: EnvoyOptions) -> dict[str, Any]:
             "endpoints": [{"lb_endpoints": lb_endpoints}],
         },
     }
+    if cluster["type"] == "STRICT_DNS":
+        # A headless Service name: replicas that come and go are seen within seconds (default 5 s).
+        cluster["dns_refresh_rate"] = "2s"
     tls_socket = {
         "name": "envoy.transport_sockets.tls",
         "typed_config": {

@@ -37,10 +37,6 @@ SLOW_TOKENS = dataclasses.replace(EPP_STACK.sim, inter_token_latency_s=0.01)
 STREAM_TOKENS = 150  # 1.5 s of streaming at 10 ms a token
 
 
-def _failure_modes(**changes: object) -> list[object]:
-    return [dataclasses.replace(EPP_STACK, failure_mode=mode, **changes) for mode in FailureMode]  # type: ignore[arg-type]
-
-
 KILL_MID_STREAM = [
     dataclasses.replace(EPP_STACK, failure_mode=mode, body_mode=body, sim=SLOW_TOKENS)
     for mode, body in itertools.product(FailureMode, BodyMode)
@@ -86,8 +82,7 @@ def test_an_epp_killed_mid_stream_cuts_no_response(own_stack: LocalStack) -> Non
 
 
 ROLLING = [
-    dataclasses.replace(EPP_STACK, failure_mode=mode, epp_slots=2, extra_serve_args=("--drain-period", "2s"))
-    for mode in FailureMode
+    dataclasses.replace(EPP_STACK, failure_mode=mode, epp_slots=2, drain_period="2s") for mode in FailureMode
 ]
 
 

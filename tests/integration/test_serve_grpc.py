@@ -24,6 +24,7 @@ import pytest
 from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -142,6 +143,7 @@ def settings(pool_file: pathlib.Path, **overrides: object) -> ServeSettings:
         "policy": "round-robin",
         "refresh_metrics_interval_s": 0.1,
         "grace_period_s": 1.0,
+        "drain_period_s": 0.0,  # tests of draining set their own
     }
     values.update(overrides)
     return ServeSettings(**values)  # type: ignore[arg-type]
@@ -360,6 +362,10 @@ async def test_health_goes_serving_when_the_pool_syncs() -> None:
             await health.shutdown()
             assert await check("readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
             assert await check("liveness") == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert not health.ready  # the metrics port's readiness agrees
+            await health.update(synced=True)  # a sync while draining changes nothing
+            assert await check("readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert not health.ready
     finally:
         await server.stop(0)
 
@@ -383,6 +389,38 @@ async def test_leader_election_gates_readiness() -> None:
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         await server.stop(0)
+
+
+async def test_stop_drains_before_the_ext_proc_server_closes(tmp_path: pathlib.Path, pods: FakePods) -> None:
+    """What SIGTERM does: NOT_SERVING at once, access-log streams ended, routing on through the
+    drain period (the gateway's health check needs that long to move new streams), then exit."""
+    running = await start(settings(write_pool(tmp_path, pods.port), drain_period_s=3.0))
+    try:
+        await pods.wait_scraped()
+        assert await wait_serving(running.ports.health, "readiness") == health_pb2.HealthCheckResponse.SERVING
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.grpc}") as channel:
+            access_log = als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs()
+            await access_log.write(als_pb2.StreamAccessLogsMessage())
+            running.stop.set()
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.health}") as health_channel:
+                stub = health_pb2_grpc.HealthStub(health_channel)
+                for _ in range(100):
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
+                    if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                        break
+                    await asyncio.sleep(0.02)
+                assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            # Still routing while the gateway notices.
+            replies = await exchange(channel, [headers_message(), body_message(BODY, True)])
+            assert destination(replies[0]) in {f"{ip}:{pods.port}" for ip in POD_IPS}
+            # The access-log stream ends at its next message, so Envoy reopens it to a replica that stays.
+            await access_log.write(als_pb2.StreamAccessLogsMessage())
+            assert await asyncio.wait_for(access_log, 5) == als_pb2.StreamAccessLogsResponse()
+            assert not running.task.done()
+        await asyncio.wait_for(running.task, 20)
+    finally:
+        if not running.task.done():
+            await finish(running)
 
 
 # -- the real command -----------------------------------------------------------------------------
@@ -417,6 +455,8 @@ def test_sigterm_stops_cleanly(tmp_path: pathlib.Path) -> None:
             "0",
             "--metrics-port",
             "0",
+            "--drain-period",
+            "0s",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -30,6 +30,7 @@ def test_defaults_match_upstream() -> None:
     assert s.model_server_metrics_port is None
     assert s.model_server_metrics_insecure_skip_verify is True
     assert s.verbosity == 2 and s.log_format == "json"
+    assert (s.drain_period_s, s.grace_period_s, s.access_log_timeout_s) == (5.0, 10.0, 600.0)
     assert s.lease_name == "epp-default-p.gateway-api-inference-extension.sigs.k8s.io"
 
 
@@ -55,6 +56,9 @@ def test_defaults_match_upstream() -> None:
         (["--v", "4"], "verbosity", 4),
         (["--grpc-port", "0"], "grpc_port", 0),
         (["--max-request-body-bytes", "1024"], "max_request_body_bytes", 1024),
+        (["--drain-period", "0s"], "drain_period_s", 0.0),
+        (["--drain-period=15s"], "drain_period_s", 15.0),
+        (["--access-log-timeout", "2m"], "access_log_timeout_s", 120.0),
     ],
     ids=[
         "secure-false-equals",
@@ -72,6 +76,9 @@ def test_defaults_match_upstream() -> None:
         "verbosity",
         "ephemeral-port",
         "body-limit",
+        "no-drain",
+        "drain",
+        "access-log-timeout",
     ],
 )
 def test_flag_values(argv: list[str], field: str, value: object) -> None:
@@ -102,6 +109,8 @@ def test_config_file_is_read(tmp_path: pathlib.Path) -> None:
         ["--pool-name", "p", "--body-mode", "STREAMED"],
         ["--pool-name", "p", "--policy", "best"],
         ["--pool-name", "p", "--max-request-body-bytes", "0"],
+        ["--pool-name", "p", "--drain-period", "-1s"],
+        ["--pool-name", "p", "--access-log-timeout", "0s"],
     ],
     ids=[
         "config-exclusive",
@@ -112,6 +121,8 @@ def test_config_file_is_read(tmp_path: pathlib.Path) -> None:
         "bad-mode",
         "bad-policy",
         "zero-limit",
+        "negative-drain",
+        "zero-access-log-timeout",
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

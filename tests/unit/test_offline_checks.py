@@ -498,7 +498,7 @@ ENVOY_DIR = ROOT / "manifests" / "gateway" / "envoy"
 # The command in manifests/gateway/envoy/kustomization.yaml that wrote envoy.yaml.
 ENVOY_RENDER_ARGS = [
     "--upstream", "override-host",
-    "--epp-address", "vllm-llama3-8b-epp.default.svc.cluster.local:9002",
+    "--epp-address", "vllm-llama3-8b-epp-replicas.default.svc.cluster.local:9002",
     "--epp-health-port", "9003",
     "--failure-mode", "FailOpen",
     "--pool-endpoint", "vllm-llama3-8b-pods.default.svc.cluster.local:8000",

@@ -131,3 +131,54 @@ def test_bad_pool_file_is_a_clear_error(tmp_path: pathlib.Path, capsys: pytest.C
     assert code == 2
     assert out == ""
     assert str(pool) in err
+
+
+def _hcm(bootstrap: dict[str, object]) -> dict[str, object]:
+    hcm: dict[str, object] = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][  # type: ignore[index]
+        "typed_config"
+    ]
+    return hcm
+
+
+def test_by_default_the_epp_gets_requests_and_the_access_log(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    code, out, _ = _run(["--pool-file", str(pool)], capsys)
+    assert code == 0
+    bootstrap = yaml.safe_load(out)
+    assert _ext_proc(bootstrap)["processing_mode"]["response_body_mode"] == "NONE"  # type: ignore[index]
+    assert [logger["name"] for logger in _hcm(bootstrap)["access_log"]] == ["envoy.access_loggers.http_grpc"]  # type: ignore[attr-defined]
+
+
+def test_responses_through_the_epp_and_no_access_log_on_request(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    code, out, _ = _run(["--pool-file", str(pool), "--process-responses", "--access-log=false"], capsys)
+    assert code == 0
+    bootstrap = yaml.safe_load(out)
+    assert _ext_proc(bootstrap)["processing_mode"]["response_body_mode"] == "FULL_DUPLEX_STREAMED"  # type: ignore[index]
+    assert "access_log" not in _hcm(bootstrap)
+
+
+def test_several_epp_addresses_are_replicas_of_one_cluster(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    code, out, _ = _run(
+        ["--pool-file", str(pool), "--epp-address", "10.2.0.1:9002", "--epp-address", "10.2.0.2:9002"], capsys
+    )
+    assert code == 0
+    epp = _cluster(yaml.safe_load(out), "epp")
+    lb_endpoints = epp["load_assignment"]["endpoints"][0]["lb_endpoints"]  # type: ignore[index]
+    assert [
+        (
+            e["endpoint"]["address"]["socket_address"]["address"],
+            e["endpoint"]["health_check_config"]["port_value"],
+        )
+        for e in lb_endpoints
+    ] == [("10.2.0.1", 9003), ("10.2.0.2", 9003)]

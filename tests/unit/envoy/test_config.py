@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import pathlib
 from typing import Any
 
@@ -19,6 +20,7 @@ from epp.envoy.config import (
     ROUND_ROBIN_CLUSTER,
     BodyMode,
     EnvoyOptions,
+    EppEndpoint,
     HostPort,
     RoutingMode,
     Upstream,
@@ -45,7 +47,9 @@ VARIANTS = [
     )
 ] + [
     EnvoyOptions(upstream=Upstream.ORIGINAL_DST),  # FailClose needs no pods with original-dst
-    EnvoyOptions(process_responses=False, pool_endpoints=PODS),
+    EnvoyOptions(process_responses=True, pool_endpoints=PODS),
+    EnvoyOptions(access_log=False, pool_endpoints=PODS),
+    EnvoyOptions(more_epps=(EppEndpoint(HostPort("127.0.0.1", 9012), 9013),), pool_endpoints=PODS),
     EnvoyOptions(mode=RoutingMode.ROUND_ROBIN, pool_endpoints=PODS),
     EnvoyOptions(epp=HostPort("epp.default.svc", 9002), failure_mode=FailureMode.FAIL_OPEN,
                  pool_endpoints=(HostPort("vllm.default.svc", 8000),)),
@@ -57,8 +61,12 @@ def _variant_id(o: EnvoyOptions) -> str:
         return "round-robin"
     parts = [o.upstream.value, o.body_mode.value, o.failure_mode.name, "tls" if o.epp_tls else "plain"]
     parts.append("hc" if o.epp_health_port else "nohc")
-    if not o.process_responses:
-        parts.append("noresp")
+    if o.process_responses:
+        parts.append("responses")
+    if not o.access_log:
+        parts.append("nolog")
+    if o.more_epps:
+        parts.append("replicas")
     if not o.epp.is_ip:
         parts.append("dns")
     if not o.pool_endpoints:
@@ -225,7 +233,7 @@ def test_routes_retry_on_refused_connections() -> None:
             ("SEND", "FULL_DUPLEX_STREAMED", "SEND", "SKIP", "NONE", "SKIP"),
         ),
     ],
-    ids=["fdx", "buffered", "fdx-no-responses"],
+    ids=["fdx-responses", "buffered-responses", "fdx-request-only"],
 )
 def test_processing_mode(body_mode: BodyMode, process_responses: bool, expected: tuple[str, ...]) -> None:
     options = EnvoyOptions(body_mode=body_mode, process_responses=process_responses, pool_endpoints=PODS)
@@ -310,3 +318,100 @@ def test_parse_host_port(text: str, expected: HostPort) -> None:
 def test_parse_host_port_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_host_port(text)
+
+
+def test_by_default_the_epp_sees_the_request_only() -> None:
+    mode = _ext_proc(build_bootstrap(EnvoyOptions(pool_endpoints=PODS)))["processing_mode"]
+    assert (mode["response_header_mode"], mode["response_body_mode"], mode["response_trailer_mode"]) == (
+        "SKIP",
+        "NONE",
+        "SKIP",
+    )
+
+
+def test_routed_requests_are_access_logged_to_the_epp() -> None:
+    [logger] = _hcm(build_bootstrap(EnvoyOptions(pool_endpoints=PODS)))["access_log"]
+    assert logger["name"] == "envoy.access_loggers.http_grpc"
+    common = logger["typed_config"]["common_config"]
+    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": "epp"}}
+    assert common["transport_api_version"] == "V3"
+    assert common["buffer_flush_interval"] == "0.100s"
+    # Only requests that carry the EPP's key: what it routed, not what failed open around it.
+    matcher = logger["filter"]["metadata_filter"]["matcher"]
+    assert matcher == {
+        "filter": "envoy.lb",
+        "path": [{"key": "lora-epp-completion-key"}],
+        "value": {"present_match": True},
+    }
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        EnvoyOptions(access_log=False, pool_endpoints=PODS),
+        EnvoyOptions(mode=RoutingMode.ROUND_ROBIN, pool_endpoints=PODS),
+    ],
+    ids=["access-log-off", "round-robin"],
+)
+def test_no_access_log_when_off_or_without_an_epp(options: EnvoyOptions) -> None:
+    assert "access_log" not in _hcm(build_bootstrap(options))
+
+
+def test_an_unreachable_epp_is_a_json_503() -> None:
+    bootstrap = build_bootstrap(EnvoyOptions(pool_endpoints=PODS))
+    assert _ext_proc(bootstrap)["status_on_error"] == {"code": "ServiceUnavailable"}
+    mappers = _hcm(bootstrap)["local_reply_config"]["mappers"]
+    expressions = [m["filter"]["extension_filter"]["typed_config"]["expression"] for m in mappers]
+    assert expressions == [
+        "response.code_details.startsWith('ext_proc_error_gRPC_error')",
+        "response.code_details.startsWith('ext_proc_error_per-message_timeout')",
+    ]
+    bodies = [json.loads(m["body_format_override"]["text_format_source"]["inline_string"]) for m in mappers]
+    assert [(b["error"]["type"], b["error"]["code"]) for b in bodies] == [
+        ("ServiceUnavailable", 503),
+        ("GatewayTimeout", 504),
+    ]
+    assert {m["body_format_override"]["content_type"] for m in mappers} == {"application/json"}
+
+
+@pytest.mark.parametrize("upstream", list(Upstream), ids=[u.value for u in Upstream])
+def test_circuit_breakers_never_refuse_retries_or_ext_proc_streams(upstream: Upstream) -> None:
+    options = EnvoyOptions(upstream=upstream, failure_mode=FailureMode.FAIL_OPEN, pool_endpoints=PODS)
+    for name, cluster in _clusters(build_bootstrap(options)).items():
+        if name == FALLBACK_CLUSTER:
+            continue  # a plain round-robin cluster for requests the EPP did not pick
+        [thresholds] = cluster["circuit_breakers"]["thresholds"]
+        assert thresholds["max_retries"] >= 10_000, name  # Envoy's default is 3
+        assert thresholds["max_requests"] >= 10_000, name  # Envoy's default is 1024
+
+
+def test_several_epp_replicas_are_each_health_checked_and_retried_across() -> None:
+    more = (EppEndpoint(HostPort("127.0.0.1", 9012), 9013), EppEndpoint(HostPort("127.0.0.1", 9022), 9023))
+    bootstrap = build_bootstrap(
+        EnvoyOptions(epp=HostPort("127.0.0.1", 9002), more_epps=more, pool_endpoints=PODS)
+    )
+    endpoints = [
+        e["endpoint"] for e in _clusters(bootstrap)["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ]
+    assert [
+        (e["address"]["socket_address"]["port_value"], e["health_check_config"]["port_value"])
+        for e in endpoints
+    ] == [
+        (9002, 9003),
+        (9012, 9013),
+        (9022, 9023),
+    ]
+    retry = _ext_proc(bootstrap)["grpc_service"]["envoy_grpc"]["retry_policy"]
+    assert "connect-failure" in retry["retry_on"] and retry["num_retries"] == 2
+
+
+def test_replicas_must_agree_on_health_checking() -> None:
+    more = (EppEndpoint(HostPort("127.0.0.1", 9012), None),)
+    with pytest.raises(ConfigError, match="health port"):
+        build_bootstrap(EnvoyOptions(more_epps=more, pool_endpoints=PODS))
+
+
+def test_a_dns_named_epp_is_re_resolved_often() -> None:
+    options = EnvoyOptions(epp=HostPort("epp.default.svc", 9002), pool_endpoints=PODS)
+    epp = _clusters(build_bootstrap(options))["epp"]
+    assert (epp["type"], epp["dns_refresh_rate"]) == ("STRICT_DNS", "2s")
