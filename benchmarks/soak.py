@@ -39,7 +39,8 @@ CPU figure is that EPP's alone:
    and per output token, requests per EPP CPU-second, RSS at start and end;
 3. hot path: `--hot-requests` short non-streamed requests at concurrency 16 through each EPP
    stack and direct, then a quarter as many of the soak's mixed streamed requests at concurrency
-   64 (as fast as the sims here produce tokens): requests/s,
+   64 (as fast as the sims here produce tokens), then short requests at the rate that run
+   reached (CPU per request falls as load rises; this separates load from length): requests/s,
    requests per EPP CPU-second (gross, and net of the background), Envoy's CPU per request;
 4. one connection: `--single-requests` sequential short requests on each stack: added P50.
 
@@ -497,14 +498,22 @@ async def hot_path(
         mixed = await epp.measure(
             closed(MIXED_CONCURRENCY, requests // 4, functools.partial(trace_requests, seed))
         )
+        # Short requests at the rate the mixed run reached: what the EPP spends per request at
+        # that load whatever the responses are (CPU per request falls as load rises).
+        mixed_rps = mixed.samples.served / mixed.elapsed_s
+        same_rate = await epp.measure(
+            opened(mixed_rps, mixed.samples.served, functools.partial(fixed_requests, 1, False))
+        )
         report[epp.name] = {
             "rps": round(short.samples.served / short.elapsed_s, 1),
             "errors": short.samples.errors + mixed.samples.errors,
             "epp_cpu_ms_per_request": round(1000 * short.epp_cpu_s / max(1, short.samples.served), 3),
             "epp_rps_per_cpu_s": round(short.samples.served / max(1e-9, short.epp_cpu_s), 1),
             "epp_rps_per_cpu_s_net": short.per_cpu_second(),
+            "mixed_streamed_rps": round(mixed_rps, 1),
             "mixed_streamed_epp_cpu_ms_per_request_net": mixed.ms_per_request(),
             "mixed_streamed_rps_per_cpu_s_net": mixed.per_cpu_second(),
+            "short_at_mixed_rate_epp_cpu_ms_per_request_net": same_rate.ms_per_request(),
             "envoy_cpu_ms_per_request": round(1000 * envoy_cpu / max(1, short.samples.served), 3),
         }
     return report
