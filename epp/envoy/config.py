@@ -30,6 +30,9 @@ unit tests. The decisive settings and why they are what they are:
   response body back through the EPP, for token usage, at a cost per streamed chunk).
 - FailClose while the EPP is down answers 503 with an OpenAI-shaped JSON error (a local reply
   mapper on ext_proc's own errors), not an empty 500.
+- A refused connection to the EPP ejects it from its cluster at once (outlier detection on
+  local-origin errors), so a dead EPP fails the requests routing at that instant and the first
+  to find it gone, not every request until the next health check.
 - Circuit breakers are raised on every cluster: Envoy's defaults (1024 requests, 3 retries in
   flight) would refuse retries to a fallback pod, and ext_proc streams, under load.
 """
@@ -296,6 +299,24 @@ def _epp_cluster(options: EnvoyOptions) -> dict[str, Any]:
         ]
         # With every EPP host unhealthy, do not "panic" and send streams to it anyway.
         cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
+        # An EPP that died refuses connections at once: the first refusal takes it out of the
+        # cluster for a second, so the requests behind it fail open (or are refused cleanly)
+        # instead of failing mid-routing until the next health check. Local-origin errors only:
+        # an ImmediateResponse or a gRPC status from a live EPP is no reason to eject it.
+        cluster["outlier_detection"] = {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "consecutive_5xx": 1_000_000,
+            "consecutive_gateway_failure": 1_000_000,
+            "enforcing_success_rate": 0,
+            "enforcing_failure_percentage": 0,
+            # Ejected hosts return when the analysis interval ticks (default 10 s): tick each second.
+            "interval": "1s",
+            "base_ejection_time": "1s",
+            "max_ejection_time": "1s",
+            "max_ejection_percent": 100,
+        }
     elif options.epp_tls:
         cluster["transport_socket"] = tls_socket
     return cluster

@@ -10,7 +10,8 @@ only; how each ended comes back in Envoy's gRPC access log):
   requests/s of streamed and non-streamed traffic: every request answered 200 and whole, in
   both failure modes;
 - SIGKILL under the same load in FailOpen: the only failures are requests that started before
-  Envoy saw the EPP down, and every request after that is served.
+  Envoy saw the EPP down (at most a few: the first refused connection ejects it), and every
+  request after that is served.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def test_a_killed_epp_fails_only_requests_sent_before_envoy_saw_it_down(own_stac
         results = load.stop()
     failed = [r for r in results if r.status != 200 or not r.whole]
     assert all(r.started_at < detected_at for r in failed), _summary(failed)
+    # Those routing at that instant, and the first to find its connection refused (which takes
+    # the EPP out of Envoy's cluster at once); at 30 req/s that is one or two requests.
+    assert len(failed) <= 3, _summary(failed)
     after = [r for r in results if r.started_at >= detected_at]
     assert len(after) >= 30 and all(r.status == 200 and r.whole for r in after)
     print(

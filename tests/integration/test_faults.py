@@ -125,7 +125,7 @@ def test_an_epp_restart_under_load(own_stack: LocalStack) -> None:
         time.sleep(1.0)
         own_stack.restart_epp()
         back_at = time.monotonic()
-        time.sleep(1.0)
+        time.sleep(3.0)
         stop.set()
         for worker in workers:
             worker.result(timeout=60)  # no request hung
@@ -135,8 +135,12 @@ def test_an_epp_restart_under_load(own_stack: LocalStack) -> None:
     if own_stack.options.failure_mode is FailureMode.FAIL_CLOSE:
         assert all(r.pod for _, r in replies if r.status == 200)
         assert not any(r.pod for _, r in replies if r.status != 200)  # refused before any pod
-    after = [r.status for t, r in replies if t > back_at + 0.5]
-    assert after and all(s == 200 for s in after), after
+    # Envoy takes the dead EPP out at its first refused connection and routes through the new one
+    # within about a second of its health check passing; from then on every request is served.
+    after = [(t, r.status) for t, r in replies if t > back_at]
+    first_ok = next(t for t, status in after if status == 200)
+    assert first_ok < back_at + 2.0, after
+    assert all(status == 200 for t, status in after if t > first_ok), after
 
 
 async def test_shutdown_lets_an_in_flight_stream_finish(tmp_path: pathlib.Path) -> None:

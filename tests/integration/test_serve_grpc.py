@@ -399,8 +399,6 @@ async def test_stop_drains_before_the_ext_proc_server_closes(tmp_path: pathlib.P
         await pods.wait_scraped()
         assert await wait_serving(running.ports.health, "readiness") == health_pb2.HealthCheckResponse.SERVING
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.grpc}") as channel:
-            access_log = als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs()
-            await access_log.write(als_pb2.StreamAccessLogsMessage())
             running.stop.set()
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.health}") as health_channel:
                 stub = health_pb2_grpc.HealthStub(health_channel)
@@ -413,7 +411,8 @@ async def test_stop_drains_before_the_ext_proc_server_closes(tmp_path: pathlib.P
             # Still routing while the gateway notices.
             replies = await exchange(channel, [headers_message(), body_message(BODY, True)])
             assert destination(replies[0]) in {f"{ip}:{pods.port}" for ip in POD_IPS}
-            # The access-log stream ends at its next message, so Envoy reopens it to a replica that stays.
+            # An access-log stream ends at its first message, so Envoy reopens it to a replica that stays.
+            access_log = als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs()
             await access_log.write(als_pb2.StreamAccessLogsMessage())
             assert await asyncio.wait_for(access_log, 5) == als_pb2.StreamAccessLogsResponse()
             assert not running.task.done()

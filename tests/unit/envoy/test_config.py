@@ -264,6 +264,12 @@ def test_epp_cluster_is_http2_with_tls_and_health_checked() -> None:
         "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"
     }
     assert epp["common_lb_config"]["healthy_panic_threshold"] == {"value": 0.0}
+    # A refused connection ejects the EPP at once (no waiting for the next health check), for a
+    # second; only local-origin errors count, and even a lone replica may be ejected.
+    outlier = epp["outlier_detection"]
+    assert outlier["split_external_local_origin_errors"] is True
+    assert (outlier["consecutive_local_origin_failure"], outlier["max_ejection_percent"]) == (1, 100)
+    assert outlier["base_ejection_time"] == outlier["max_ejection_time"] == "1s"
     endpoint = epp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
     assert endpoint["health_check_config"] == {"port_value": 9003}
 
