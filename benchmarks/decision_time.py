@@ -19,9 +19,9 @@ import statistics
 import time
 import tracemalloc
 
-from epp.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
-from epp.scheduling.build import POLICY_NAMES, build_scheduler
-from epp.scheduling.types import LLMRequest, Scheduler
+from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
+from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
+from epp.picker.scheduling.types import LLMRequest, Scheduler
 
 BASE = "base-model"
 

@@ -33,21 +33,21 @@ from envoy.service.accesslog.v3 import als_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from epp.admission import build_admission
 from epp.clock import SystemClock
-from epp.datastore.store import Datastore
-from epp.datastore.types import Metrics, PodInfo, Pool
-from epp.director import Director
-from epp.extproc.accesslog import AccessLogReceiver
-from epp.extproc.completions import Completions
-from epp.extproc.server import ExternalProcessor
-from epp.extproc.stream import StreamOptions
-from epp.observability import tracing
-from epp.observability.decisions import DecisionLog
-from epp.observability.logging import configure_logging
-from epp.observability.metrics import EppMetrics
-from epp.observability.observer import Observer
-from epp.scheduling.build import build_scheduler
+from epp.picker.admission import build_admission
+from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import Metrics, PodInfo, Pool
+from epp.picker.director import Director
+from epp.picker.extproc.accesslog import AccessLogReceiver
+from epp.picker.extproc.completions import Completions
+from epp.picker.extproc.server import ExternalProcessor
+from epp.picker.extproc.stream import StreamOptions
+from epp.picker.logs import configure_logging
+from epp.picker.observability import tracing
+from epp.picker.observability.decisions import DecisionLog
+from epp.picker.observability.metrics import EppMetrics
+from epp.picker.observability.observer import Observer
+from epp.picker.scheduling.build import build_scheduler
 
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 WARM_UP = 200
@@ -137,7 +137,6 @@ def build_processor(datastore: Datastore, clock: SystemClock, completions: Compl
     options = StreamOptions(
         director,
         on_finished=observer.on_finished,
-        upstream_headers=observer.trace_headers,
         clock=clock,
         completions=completions,
     )

@@ -25,11 +25,11 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.clock import SystemClock
-from epp.datastore.store import Datastore
-from epp.datastore.types import PodInfo, Pool
-from epp.director import Director
-from epp.extproc.stream import StreamHandler, StreamOptions
-from epp.scheduling.build import build_scheduler
+from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import PodInfo, Pool
+from epp.picker.director import Director
+from epp.picker.extproc.stream import StreamHandler, StreamOptions
+from epp.picker.scheduling.build import build_scheduler
 
 FDX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 CHUNK = (

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from epp.metrics.parse import parse_metrics, parse_metrics_unfiltered, select_lines
+from epp.picker.scrape.parse import parse_metrics, parse_metrics_unfiltered, select_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32.0"
 

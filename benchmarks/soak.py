@@ -35,7 +35,7 @@ CPU figure is that EPP's alone:
    the 8-token non-streamed request;
 2. soak: open loop at `--rate` requests/s to every stack for `--duration-s`, half streamed, with
    output lengths drawn from the Azure LLM inference trace (conversation) shipped in
-   `epp/bench/data/`: P50/P99 latency and what the EPP adds to them, errors, EPP CPU per request
+   `epp/tools/bench/data/`: P50/P99 latency and what the EPP adds to them, errors, EPP CPU per request
    and per output token, requests per EPP CPU-second, RSS at start and end;
 3. hot path: `--hot-requests` short non-streamed requests at concurrency 16 through each EPP
    stack and direct, then a quarter as many of the soak's mixed streamed requests at concurrency
@@ -66,9 +66,9 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import aiohttp
 
-from epp.bench.workload import read_trace, resolve_trace
-from epp.envoy.config import RoutingMode
-from epp.localstack import LocalStack, SimOptions, StackOptions
+from epp.tools.bench.workload import read_trace, resolve_trace
+from epp.tools.envoy.config import RoutingMode
+from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")

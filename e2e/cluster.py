@@ -25,7 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from e2e.stack import Baseline, Split
-from epp.sources.leader import lease_name_for
+from epp.kube.leader import lease_name_for
 
 POOL_NAME = "vllm-llama3-8b"
 EPP_DEPLOYMENT = "vllm-llama3-8b-epp"

@@ -1,4 +1,4 @@
-"""The `Stack` on loopback: real Envoy, `epp serve` and `epp sim` pods from `epp.localstack`.
+"""The `Stack` on loopback: real Envoy, `epp serve` and `epp sim` pods from `epp.tools.localstack`.
 
 Kubernetes actions become what the EPP's pool-file source sees: deleting a pod removes it from
 the pool file and ends its process; applying an InferenceModel adds it to the pool file. The
@@ -15,11 +15,11 @@ from contextlib import AbstractContextManager
 import yaml
 
 from e2e.stack import Baseline, Split
-from epp.datastore.types import FailureMode
-from epp.envoy.config import RoutingMode
-from epp.localstack import LocalStack, SimOptions, StackOptions, pool_yaml
+from epp.picker.datastore.types import FailureMode
+from epp.tools.envoy.config import RoutingMode
+from epp.tools.localstack import LocalStack, SimOptions, StackOptions, pool_yaml
 
-POOL_NAME = "sim-pool"  # the name epp.localstack gives its pool
+POOL_NAME = "sim-pool"  # the name epp.tools.localstack gives its pool
 
 
 def stack_options(*, pods: int, adapters: Sequence[str], routing: RoutingMode) -> StackOptions:

@@ -13,13 +13,19 @@ from collections.abc import Sequence
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("epp.app", "run the Endpoint Picker (Envoy ext_proc server)"),
-    "sim": ("epp.sim.cli", "run a vLLM-compatible model-server simulator"),
-    "envoy-config": ("epp.envoy.cli", "write an Envoy bootstrap that routes through the EPP"),
-    "demo": ("epp.demo", "run Envoy + simulated pods + EPP locally and compare with round-robin"),
-    "bench": ("epp.bench.cli", "discrete-event benchmark of routing policies"),
-    "controller": ("epp.controller.cli", "reconcile LLMInferenceServices into model servers, pool and EPP"),
-    "sidecar": ("epp.sidecar.cli", "serve a model server's adapter state and runtime loads over gRPC"),
+    "serve": ("epp.serve.app", "run the Endpoint Picker (Envoy ext_proc server)"),
+    "sim": ("epp.tools.sim.cli", "run a vLLM-compatible model-server simulator"),
+    "envoy-config": ("epp.tools.envoy.cli", "write an Envoy bootstrap that routes through the EPP"),
+    "demo": ("epp.tools.demo", "run Envoy + simulated pods + EPP locally and compare with round-robin"),
+    "bench": ("epp.tools.bench.cli", "discrete-event benchmark of routing policies"),
+    "controller": (
+        "epp.operator.controller.cli",
+        "reconcile LLMInferenceServices into model servers, pool and EPP",
+    ),
+    "sidecar": (
+        "epp.operator.sidecar.cli",
+        "serve a model server's adapter state and runtime loads over gRPC",
+    ),
 }
 
 

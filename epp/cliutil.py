@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from epp import durations
+
 _TRUE = {"1", "true", "t", "yes", "y", "on"}
 _FALSE = {"0", "false", "f", "no", "n", "off"}
 
@@ -32,30 +34,8 @@ def add_bool_flag(parser: argparse.ArgumentParser, flag: str, *, default: bool, 
 
 
 def parse_duration(text: str) -> float:
-    """Go-style durations (`50ms`, `2s`, `1m30s`, `1.5`) → seconds; a bare number is seconds."""
-    s = text.strip()
+    """`epp.durations.parse_duration` as an argparse type: a bad duration is a usage error."""
     try:
-        return float(s)
-    except ValueError:
-        pass
-    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    total = 0.0
-    i = 0
-    if not s:
-        raise argparse.ArgumentTypeError("empty duration")
-    while i < len(s):
-        j = i
-        while j < len(s) and (s[j].isdigit() or s[j] == "."):
-            j += 1
-        if j == i:
-            raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
-        number = float(s[i:j])
-        k = j
-        while k < len(s) and not (s[k].isdigit() or s[k] == "."):
-            k += 1
-        unit = s[j:k]
-        if unit not in units:
-            raise argparse.ArgumentTypeError(f"invalid duration unit {unit!r} in {text!r}")
-        total += number * units[unit]
-        i = k
-    return total
+        return durations.parse_duration(text)
+    except durations.DurationError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err

@@ -1,6 +1,6 @@
 """One error type for everything a request can fail with, and its mapping to HTTP.
 
-Only `epp.extproc` turns an `EppError` into an Envoy ImmediateResponse; every other
+Only `epp.picker.extproc` turns an `EppError` into an Envoy ImmediateResponse; every other
 layer raises it and lets it travel up.
 """
 

@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from epp.localstack import pick_pod_addresses
+from epp.tools.localstack import pick_pod_addresses
 
 BASE_MODEL = "tiny-llama"
 DEFAULT_ADAPTERS = ("lora-0", "lora-1", "lora-2", "lora-3")

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from epp.controller.kubeapi import KubeApi, ResourceRef
-from epp.sources.kube import load_api_client
+from epp.kube.api import KubeApi, ResourceRef, load_api_client
 from tests.fakekube.plugin import KubeEnv, needs_fake
 from tests.fakekube.server import FakeKube
 

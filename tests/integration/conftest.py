@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from epp.envoy.config import BodyMode, RoutingMode
-from epp.localstack import LocalStack, SimOptions, StackOptions
+from epp.tools.envoy.config import BodyMode, RoutingMode
+from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 
 ADAPTERS = ("adapter-0", "adapter-1", "adapter-2", "adapter-3")
 SHEDDABLE_OBJECTIVE = "batch-jobs"

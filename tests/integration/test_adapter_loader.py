@@ -21,15 +21,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from epp.adapters.catalog import Catalog
-from epp.adapters.hold import hold_for_adapter
-from epp.adapters.loader import REASON_FAILED, REASON_TIMEOUT, AdapterLoader
-from epp.adapters.preload import Preloader
 from epp.clock import FakeClock, SystemClock
-from epp.datastore.types import InferenceModel, Metrics
-from epp.director import Director
 from epp.errors import EppError
-from epp.localstack import free_port, pick_pod_addresses
+from epp.operator.adapters.catalog import Catalog
+from epp.operator.adapters.hold import hold_for_adapter
+from epp.operator.adapters.loader import REASON_FAILED, REASON_TIMEOUT, AdapterLoader
+from epp.operator.adapters.preload import Preloader
+from epp.picker.datastore.types import InferenceModel, Metrics
+from epp.picker.director import Director
+from epp.picker.extproc.stream import StreamHandler, StreamOptions
+from epp.tools.localstack import free_port, pick_pod_addresses
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -305,7 +306,7 @@ async def test_a_routed_request_is_held_until_its_pod_has_the_adapter(pods: dict
     assert held.endpoints == (decision.primary,)  # the fallback lacks the adapter: dropped
     status, reply = primary.complete("held-adapter")
     assert (status, reply["model"]) == (200, "held-adapter")
-    assert await hold_for_adapter(None, director, decision) is decision
+    assert not StreamHandler(StreamOptions(director)).wants_prepare  # no hold plugged in: nothing waits
     assert scheduler.completed == []  # a held request that was served is completed by the stream
 
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
-from epp.localstack import LocalStack, SimOptions, StackOptions
+from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.integration.conftest import _started, completion
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

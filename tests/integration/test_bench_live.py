@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from epp.bench import live, scenario
+from epp.tools.bench import live, scenario
 
 pytestmark = pytest.mark.integration
 

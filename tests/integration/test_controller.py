@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.controller.adapter_survey import AdapterSurvey
-from epp.controller.kubeapi import KubeApi
-from epp.controller.reconcile import Outcome, Reconciler
-from epp.localstack import pick_pod_addresses
-from epp.sources.kube import load_api_client
+from epp.kube.api import KubeApi, load_api_client
+from epp.operator.controller.adapter_survey import AdapterSurvey
+from epp.operator.controller.reconcile import Outcome, Reconciler
+from epp.tools.localstack import pick_pod_addresses
 from tests.fakekube.plugin import KubeEnv, needs_fake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.localstack import LocalStack, SimOptions
+from epp.tools.localstack import LocalStack, SimOptions
 from tests.integration.conftest import ADAPTERS, EPP_STACK, SHEDDABLE_OBJECTIVE, Reply, completion, post
 
 pytestmark = pytest.mark.integration

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from epp.datastore.types import FailureMode
-from epp.envoy.config import BodyMode
-from epp.localstack import LocalStack
-from epp.scheduling.policies import DEFAULT_CONFIG
+from epp.picker.datastore.types import FailureMode
+from epp.picker.scheduling.policies import DEFAULT_CONFIG
+from epp.tools.envoy.config import BodyMode
+from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from epp.localstack import LocalStack, SimOptions, StackOptions
+from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.integration.conftest import Reply, _started, completion
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from epp.localstack import LocalStack
+from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion, post
 
 pytestmark = pytest.mark.integration

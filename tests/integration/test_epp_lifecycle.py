@@ -26,9 +26,9 @@ import urllib.request
 
 import pytest
 
-from epp.datastore.types import FailureMode
-from epp.envoy.config import BodyMode
-from epp.localstack import LocalStack
+from epp.picker.datastore.types import FailureMode
+from epp.tools.envoy.config import BodyMode
+from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad, Result, completion_request
 

@@ -30,8 +30,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.datastore.types import FailureMode
-from epp.localstack import LocalStack
+from epp.picker.datastore.types import FailureMode
+from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, Reply, _started, completion
 from tests.integration.test_serve_grpc import (
     BODY,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from epp.clock import SystemClock
-from epp.datastore.store import Datastore
-from epp.sources.kube import API_CALLS, KubeSource
+from epp.kube.watch import API_CALLS, KubeSource
+from epp.picker.datastore.store import Datastore
 from tests.fakekube.plugin import KubeEnv, needs_fake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

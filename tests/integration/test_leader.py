@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from epp.clock import SystemClock
-from epp.sources.leader import API_CALLS, LeaderElector, lease_name_for
+from epp.kube.leader import API_CALLS, LeaderElector, lease_name_for
 from tests.fakekube.plugin import KubeEnv
 from tests.integration.test_kube_source import eventually
 

@@ -21,9 +21,9 @@ import pytest
 from aiohttp import web
 
 from epp.clock import FakeClock, SystemClock
-from epp.datastore import Datastore, EndpointState, PodInfo, Pool
-from epp.metrics.parse import parse_metrics
-from epp.metrics.refresher import MetricsRefresher
+from epp.picker.datastore import Datastore, EndpointState, PodInfo, Pool
+from epp.picker.scrape.parse import parse_metrics
+from epp.picker.scrape.refresher import MetricsRefresher
 
 pytestmark = pytest.mark.integration
 
@@ -295,7 +295,7 @@ async def test_each_scrape_builds_on_the_previous_one(farm: PodFarm) -> None:
 async def test_recovery_is_logged_once_each_way(farm: PodFarm, caplog: pytest.LogCaptureFixture) -> None:
     datastore = await start_farm(farm, {"flaky": "flaky"})
     refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S)
-    with caplog.at_level(logging.INFO, logger="epp.metrics.refresher"):
+    with caplog.at_level(logging.INFO, logger="epp.picker.scrape.refresher"):
         async with running(refresher):
             await eventually(lambda: state(datastore, "flaky").metrics is not None, "recovered pod scraped")
             await eventually(
@@ -303,7 +303,9 @@ async def test_recovery_is_logged_once_each_way(farm: PodFarm, caplog: pytest.Lo
             )
     stats = refresher.stats()  # empty once stopped
     assert stats == {}
-    messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "epp.metrics.refresher"]
+    messages = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "epp.picker.scrape.refresher"
+    ]
     assert messages == [("WARNING", "endpoint metrics unavailable"), ("INFO", "endpoint metrics recovered")]
     recovered = next(r for r in caplog.records if r.getMessage() == "endpoint metrics recovered")
     assert recovered.__dict__["failed_scrapes"] == 3

@@ -1,6 +1,6 @@
 """`epp serve` end to end on loopback: the real grpc.aio ext_proc and health servers, real clients.
 
-In-process runs use `epp.app.serve` with a pool file; subprocess runs check signals and
+In-process runs use `epp.serve.app.serve` with a pool file; subprocess runs check signals and
 start-up errors as a user sees them.
 """
 
@@ -30,15 +30,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp import tls
-from epp.app import BoundPorts, serve
 from epp.clock import SystemClock
-from epp.config import ServeSettings
-from epp.datastore.types import EndpointState, Snapshot
-from epp.director import Director
-from epp.extproc.server import ExternalProcessor, build_ext_proc_server
-from epp.extproc.stream import StreamOptions
-from epp.observability.health import Health, build_health_server
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.picker.datastore.types import EndpointState, Snapshot
+from epp.picker.director import Director
+from epp.picker.extproc.server import ExternalProcessor, build_ext_proc_server
+from epp.picker.extproc.stream import StreamOptions
+from epp.picker.observability.health import Health, build_health_server
+from epp.picker.scheduling.types import LLMRequest, SchedulingResult
+from epp.serve.app import BoundPorts, serve
+from epp.serve.config import ServeSettings
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = pytest.mark.integration

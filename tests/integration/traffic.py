@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from epp.localstack import LocalStack
+from epp.tools.localstack import LocalStack
 
 REQUEST_TIMEOUT_S = 60.0
 

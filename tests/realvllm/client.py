@@ -1,7 +1,7 @@
 """HTTP helpers for the real-vLLM tier and a second, independent reading of `/metrics` text.
 
 `RawPage` reads the Prometheus text format line by line with a small regex of its own (no
-`prometheus_client`, no code shared with `epp.metrics.parse`), so comparing the two catches a
+`prometheus_client`, no code shared with `epp.picker.scrape.parse`), so comparing the two catches a
 scraper that drops, misreads or mixes up series.
 """
 

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from epp.datastore.types import FailureMode
-from epp.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
-from epp.envoy.process import EnvoyProcess
-from epp.localstack import epp_ready, free_port, pool_yaml
+from epp.picker.datastore.types import FailureMode
+from epp.tools.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
+from epp.tools.envoy.process import EnvoyProcess
+from epp.tools.localstack import epp_ready, free_port, pool_yaml
 from tests.realvllm.client import RealPod
 
 EPP_CHOICE_HEADER = "x-epp-destination"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from epp.localstack import pick_pod_addresses
+from epp.tools.localstack import pick_pod_addresses
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, get_text, wait_until
 
 

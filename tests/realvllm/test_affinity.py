@@ -24,7 +24,7 @@ import random
 import threading
 import time
 
-from epp.envoy.config import RoutingMode
+from epp.tools.envoy.config import RoutingMode
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RawPage, RealPod, completion, idle, scrape, wait_until
 from tests.realvllm.gateway import Gateway
 

@@ -1,7 +1,7 @@
 """The scheduler's LoRA residency model agrees with what a real vLLM reports.
 
 The model is fed exactly what the EPP would feed it: `on_routed` for every request sent to the
-real server, and real scrapes parsed by `epp.metrics.parse`. At each step its view is compared
+real server, and real scrapes parsed by `epp.picker.scrape.parse`. At each step its view is compared
 with the server's: slot count from `max_lora`, the adapters vLLM shows in flight, a third
 adapter held back (`reason="deferred"`) while both slots are busy, and which adapters hold the
 slots after the drain.
@@ -13,10 +13,10 @@ import concurrent.futures
 import itertools
 import time
 
-from epp.datastore.types import Endpoint, EndpointState, Metrics
-from epp.metrics.parse import parse_metrics
-from epp.scheduling.inflight import InflightTracker
-from epp.scheduling.residency import ResidencyModel
+from epp.picker.datastore.types import Endpoint, EndpointState, Metrics
+from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.residency import ResidencyModel
+from epp.picker.scrape.parse import parse_metrics
 from tests.realvllm.client import RealPod, completion, idle, scrape, wait_until
 
 LONG_TOKENS = 300

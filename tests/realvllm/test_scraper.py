@@ -1,4 +1,4 @@
-"""`epp.metrics.parse` reads a real vLLM's `/metrics` exactly, idle and under LoRA slot pressure.
+"""`epp.picker.scrape.parse` reads a real vLLM's `/metrics` exactly, idle and under LoRA slot pressure.
 
 Each scrape is read twice: by our scraper and by `RawPage`, a separate line-by-line reader in
 this tier. The expected values follow vLLM 0.32.0's documented semantics directly from the raw
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from epp.datastore.types import Metrics
-from epp.metrics.parse import parse_metrics, parse_metrics_unfiltered
+from epp.picker.datastore.types import Metrics
+from epp.picker.scrape.parse import parse_metrics, parse_metrics_unfiltered
 from tests.realvllm.client import (
     BASE_MODEL,
     RawPage,

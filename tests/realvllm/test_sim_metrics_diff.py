@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.datastore.types import Metrics
-from epp.metrics.parse import parse_metrics
+from epp.picker.datastore.types import Metrics
+from epp.picker.scrape.parse import parse_metrics
 from tests.realvllm.client import (
     BASE_MODEL,
     RawPage,

@@ -1,4 +1,4 @@
-"""A small, faithful Scheduler for director and ext_proc tests (real schedulers live in epp.scheduling)."""
+"""A small, faithful Scheduler for director and ext_proc tests (the real ones: epp.picker.scheduling)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epp.clock import FakeClock
-from epp.datastore.store import Datastore
-from epp.datastore.types import EndpointState, InferenceModel, InferenceObjective, PodInfo, Pool, Snapshot
 from epp.errors import EppError, ErrorCode
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import (
+    EndpointState,
+    InferenceModel,
+    InferenceObjective,
+    PodInfo,
+    Pool,
+    Snapshot,
+)
+from epp.picker.scheduling.types import LLMRequest, SchedulingResult
 
 
 @dataclass

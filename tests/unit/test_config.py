@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from epp.config import ServeSettings, configure_parser, settings_from_args
 from epp.errors import ConfigError
-from epp.extproc.stream import BodyMode
+from epp.picker.extproc.stream import BodyMode
+from epp.serve.config import ServeSettings, configure_parser, settings_from_args
 
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServeSettings:

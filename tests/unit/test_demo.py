@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from epp.demo import RunResult, adapter_names, format_table, workload
+from epp.tools.demo import RunResult, adapter_names, format_table, workload
 
 
 def test_workload_is_seeded_and_skewed() -> None:

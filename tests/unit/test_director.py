@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from epp.clock import FakeClock
-from epp.datastore.types import (
+from epp.errors import EppError, ErrorCode
+from epp.picker.datastore.types import (
     Criticality,
     EndpointState,
     InferenceModel,
@@ -17,9 +18,8 @@ from epp.datastore.types import (
     Snapshot,
     TargetModel,
 )
-from epp.director import Director, prompt_text, replace_top_level_string
-from epp.errors import EppError, ErrorCode
-from epp.scheduling.types import LLMRequest
+from epp.picker.director import Director, prompt_text, replace_top_level_string
+from epp.picker.scheduling.types import LLMRequest
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 SQL_MODEL = InferenceModel(

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from epp.datastore.types import FailureMode
-from epp.localstack import pick_pod_addresses, pool_yaml
-from epp.sources.file import parse_pool_file
+from epp.picker.datastore.types import FailureMode
+from epp.picker.sources.file import parse_pool_file
+from epp.tools.localstack import pick_pod_addresses, pool_yaml
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from epp.datastore import InferenceModel, InferenceObjective, Pool
-from epp.sources.objects import ObjectError, parse_object
+from epp.picker.datastore import InferenceModel, InferenceObjective, Pool
+from epp.picker.sources.objects import ObjectError, parse_object
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "manifests" / "crds"

@@ -11,7 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from epp.sources import kube, leader
+from epp.kube import leader
+from epp.kube import watch as kube
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EPP_DIR = ROOT / "manifests" / "epp"

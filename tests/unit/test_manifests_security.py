@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.extproc import wire
+from epp.picker import wire
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

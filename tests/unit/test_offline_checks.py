@@ -27,8 +27,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from epp.envoy.process import validate_config
-from epp.sources.objects import parse_object
+from epp.picker.sources.objects import parse_object
+from epp.tools.envoy.process import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.30.0"
@@ -250,7 +250,13 @@ def build_context_files() -> list[pathlib.Path]:
 
 def test_build_context_holds_the_sources_and_nothing_heavy() -> None:
     context = {p.relative_to(ROOT).as_posix() for p in build_context_files()}
-    assert {"pyproject.toml", "constraints.txt", "epp/cli.py", "epp/app.py", "epp/sim/cli.py"} <= context
+    assert {
+        "pyproject.toml",
+        "constraints.txt",
+        "epp/cli.py",
+        "epp/serve/app.py",
+        "epp/tools/sim/cli.py",
+    } <= context
     for unwanted in (".venv/", "tests/", "e2e/", ".git/", "benchmarks/", "__pycache__/"):
         assert not any(f.startswith(unwanted) or f"/{unwanted}" in f for f in context), unwanted
 

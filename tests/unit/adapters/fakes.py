@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from epp.adapters.catalog import Catalog
-from epp.adapters.loader import Key, SidecarCallError
 from epp.clock import FakeClock
-from epp.datastore.types import AdapterState
+from epp.operator.adapters.catalog import Catalog
+from epp.operator.adapters.loader import Key, SidecarCallError
+from epp.picker.datastore.types import AdapterState
 
 
 @dataclass

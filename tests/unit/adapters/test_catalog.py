@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from epp.adapters.catalog import Catalog, FileCatalog, parse_catalog
 from epp.errors import ConfigError
+from epp.operator.adapters.catalog import Catalog, FileCatalog, parse_catalog
 
 
 def test_round_trip() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from epp.adapters.catalog import Catalog
-from epp.adapters.loader import AdapterLoader, SidecarCallError
-from epp.adapters.preload import Preloader
 from epp.clock import FakeClock
-from epp.datastore.store import Datastore
-from epp.datastore.types import Metrics
-from epp.metrics.backoff import Backoff
+from epp.operator.adapters.catalog import Catalog
+from epp.operator.adapters.loader import AdapterLoader, SidecarCallError
+from epp.operator.adapters.preload import Preloader
+from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import Metrics
+from epp.picker.scrape.backoff import Backoff
 from tests.unit.adapters.fakes import CatalogFile, FakePods
 from tests.unit.fake_scheduler import pool_datastore
 

@@ -13,9 +13,9 @@ import pytest
 
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
-from epp.adapters.push import MAX_ADAPTERS_PER_STATE, AdapterStatePush
 from epp.clock import SystemClock
-from epp.datastore.store import Datastore
+from epp.operator.adapters.push import MAX_ADAPTERS_PER_STATE, AdapterStatePush
+from epp.picker.datastore.store import Datastore
 from tests.unit.fake_scheduler import pool_datastore
 
 NAME = "pod-0-rank-0"

@@ -4,7 +4,7 @@ again the moment the stream is gone."""
 from __future__ import annotations
 
 from epp.clock import FakeClock
-from epp.datastore.types import AdapterState, Metrics
+from epp.picker.datastore.types import AdapterState, Metrics
 from tests.unit.fake_scheduler import pool_datastore
 
 NAME = "pod-0-rank-0"

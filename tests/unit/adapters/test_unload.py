@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from epp.adapters.catalog import Catalog
-from epp.adapters.loader import AdapterLoader, SidecarCallError
-from epp.adapters.unload import ColdAdapterUnloader, Unloaded
 from epp.clock import FakeClock
-from epp.datastore.store import Datastore
-from epp.datastore.types import Metrics
-from epp.scheduling.state import SchedulerState
+from epp.operator.adapters.catalog import Catalog
+from epp.operator.adapters.loader import AdapterLoader, SidecarCallError
+from epp.operator.adapters.unload import ColdAdapterUnloader, Unloaded
+from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import Metrics
+from epp.picker.scheduling.state import SchedulerState
 from tests.unit.adapters.fakes import CatalogFile, FakePods
 from tests.unit.fake_scheduler import pool_datastore
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from epp.admission import SHED_MESSAGE, SaturationLevel, build_admission
-from epp.datastore.types import Criticality, EndpointState
 from epp.errors import ConfigError, EppError, ErrorCode
-from epp.scheduling.types import LLMRequest
+from epp.picker.admission import SHED_MESSAGE, SaturationLevel, build_admission
+from epp.picker.datastore.types import Criticality, EndpointState
+from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import endpoint_state, snapshot_of
 
 NOW = 50.0

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from epp.bench import runner, scenario, workload
-from epp.bench.events import Fleet, simulate
-from epp.bench.model import PodConfig
-from epp.bench.policies import ALL_POLICIES
+from epp.tools.bench import runner, scenario, workload
+from epp.tools.bench.events import Fleet, simulate
+from epp.tools.bench.model import PodConfig
+from epp.tools.bench.policies import ALL_POLICIES
 
 
 def _short(name: str = "brief", **overrides: float) -> scenario.Scenario:
@@ -61,7 +61,7 @@ def test_scheduler_sees_only_scraped_metrics() -> None:
         name = "recorder"
 
         def schedule(self, request, candidates, snapshot, now):  # type: ignore[no-untyped-def]
-            from epp.scheduling.types import SchedulingResult
+            from epp.picker.scheduling.types import SchedulingResult
 
             seen.append(any(c.metrics is not None for c in candidates))
             return SchedulingResult(endpoints=(candidates[0],))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.bench.model import PROFILES, PodConfig, SimPod, SimRequest
+from epp.tools.bench.model import PROFILES, PodConfig, SimPod, SimRequest
 
 PROFILE = PROFILES["llama-3.1-70b-h100-tp2"]
 

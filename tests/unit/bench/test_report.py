@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench import report, runner, scenario
 from epp.cli import main
+from epp.tools.bench import report, runner, scenario
 
 REQUIRED_KEYS = {
     "requests",

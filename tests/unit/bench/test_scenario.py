@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench import scenario
 from epp.errors import ConfigError
+from epp.tools.bench import scenario
 
 PACKAGED = ["azure-conv", "brief", "dedicated", "gie-multi-lora", "zipf-100", "zipf-1000"]
 
@@ -38,7 +38,7 @@ def test_gie_multi_lora_tiers() -> None:
 
 
 def test_a_copied_file_loads_by_path(tmp_path: Path) -> None:
-    source = resources.files("epp.bench") / "scenarios" / "brief.yaml"
+    source = resources.files("epp.tools.bench") / "scenarios" / "brief.yaml"
     copy = tmp_path / "mine.yaml"
     copy.write_text(
         source.read_text(encoding="utf-8")

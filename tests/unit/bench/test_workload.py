@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from epp.bench import workload
+from epp.tools.bench import workload
 
 TRACE_SHA256 = "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from epp.controller.adapter_survey import PodAddress, ready_model_servers, registered_adapters
+from epp.operator.controller.adapter_survey import PodAddress, ready_model_servers, registered_adapters
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
 

@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from epp.controller.render import Owner, RenderSettings, desired_objects
-from epp.controller.spec import parse_spec
+from epp.operator.controller.render import Owner, RenderSettings, desired_objects
+from epp.operator.controller.spec import parse_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "manifests" / "controller" / "inference.llm-d.ai_llminferenceservices.yaml"

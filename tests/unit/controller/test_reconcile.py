@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from epp.controller.reconcile import contains
+from epp.operator.controller.reconcile import contains
 
 
 @pytest.mark.parametrize(

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.controller.spec import (
+from epp.errors import ConfigError
+from epp.operator.controller.spec import (
     AdapterSource,
     PreloadStrategy,
     SourceKind,
     parse_source,
     parse_spec,
 )
-from epp.errors import ConfigError
 
 FRAGMENTS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "llmis"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from epp.controller.workqueue import WorkQueue
+from epp.operator.controller.workqueue import WorkQueue
 
 WAIT_S = 10.0  # a bound on a hang, not a timing assertion
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.clock import FakeClock
-from epp.datastore import (
+from epp.picker.datastore import (
     Datastore,
     InferenceModel,
     InferenceObjective,

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.datastore.types import FailureMode
-from epp.envoy.config import (
+from epp.errors import ConfigError
+from epp.picker.datastore.types import FailureMode
+from epp.tools.envoy.config import (
     CLIENT_FORBIDDEN_HEADERS,
     DESTINATION_HEADER,
     FALLBACK_CLUSTER,
@@ -28,8 +29,7 @@ from epp.envoy.config import (
     parse_host_port,
     render_yaml,
 )
-from epp.envoy.process import EnvoyStartError, validate_config
-from epp.errors import ConfigError
+from epp.tools.envoy.process import EnvoyStartError, validate_config
 
 PODS = (HostPort("10.0.0.5", 8000), HostPort("10.0.0.6", 8000))
 

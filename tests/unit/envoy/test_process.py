@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
-from epp.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
-from epp.envoy.process import EnvoyProcess, EnvoyStartError, find_envoy
+from epp.tools.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
+from epp.tools.envoy.process import EnvoyProcess, EnvoyStartError, find_envoy
 
 
 def test_find_envoy_returns_an_executable() -> None:

@@ -8,8 +8,8 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from google.protobuf import duration_pb2, struct_pb2, wrappers_pb2
 
 from epp.clock import FakeClock
-from epp.extproc.accesslog import completion_key, completion_of
-from epp.extproc.completions import Completion, Completions, peer_host
+from epp.picker.extproc.accesslog import completion_key, completion_of
+from epp.picker.extproc.completions import Completion, Completions, peer_host
 
 GATEWAY = "ipv4:10.0.0.9:41234"
 OTHER_GATEWAY = "ipv4:10.0.0.8:5000"

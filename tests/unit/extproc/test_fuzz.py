@@ -23,16 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp.clock import FakeClock
-from epp.director import Director
-from epp.extproc.server import ExternalProcessor, build_ext_proc_server
-from epp.extproc.stream import (
-    BodyMode,
-    ProtocolError,
-    StreamHandler,
-    StreamOptions,
-    StreamRecord,
-    StreamSettings,
-)
+from epp.picker.director import Director
+from epp.picker.extproc.server import ExternalProcessor, build_ext_proc_server
+from epp.picker.extproc.stream import BodyMode, ProtocolError, StreamHandler, StreamOptions, StreamSettings
+from epp.picker.outcome import StreamRecord
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 Mode = processing_mode_pb2.ProcessingMode

@@ -11,7 +11,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from epp.errors import EppError, ErrorCode
-from epp.extproc import messages
+from epp.picker.extproc import messages
 
 OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 

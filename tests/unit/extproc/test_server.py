@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from epp import tls
-from epp.extproc.server import SERVER_OPTIONS, CertReloader, ListenError, bind
+from epp.picker.extproc.server import SERVER_OPTIONS, CertReloader
+from epp.picker.listen import ListenError, bind
 
 
 def write_pair(directory: pathlib.Path, mtime: float) -> tls.KeyPair:

@@ -12,19 +12,17 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.clock import FakeClock
-from epp.director import Director
-from epp.extproc.completions import Completion, Completions
-from epp.extproc.stream import (
+from epp.picker.director import Director
+from epp.picker.extproc.completions import Completion, Completions
+from epp.picker.extproc.stream import (
     BodyMode,
-    FinishedBy,
     ProtocolError,
     StreamHandler,
     StreamOptions,
-    StreamRecord,
     StreamSettings,
-    Usage,
     parse_sse_usage,
 )
+from epp.picker.outcome import FinishedBy, StreamRecord, Usage
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 Mode = processing_mode_pb2.ProcessingMode

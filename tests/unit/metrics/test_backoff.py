@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from epp.metrics.backoff import Backoff
+from epp.picker.scrape.backoff import Backoff
 
 BACKOFF = Backoff(base_s=0.1, cap_s=5.0, floor_s=0.1)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.datastore.types import Metrics
-from epp.metrics.parse import (
+from epp.picker.datastore.types import Metrics
+from epp.picker.scrape.parse import (
     MetricNames,
     MetricsParseError,
     parse_metrics,

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from epp.datastore.types import Metrics
-from epp.metrics.parse import (
+from epp.picker.datastore.types import Metrics
+from epp.picker.scrape.parse import (
     DEFAULT_NAMES,
     MetricsParseError,
     parse_metrics,

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from epp.clock import FakeClock
-from epp.datastore import Datastore, Endpoint
 from epp.errors import ConfigError
-from epp.metrics.refresher import MetricsRefresher
+from epp.picker.datastore import Datastore, Endpoint
+from epp.picker.scrape.refresher import MetricsRefresher
 
 
 def refresher(**kwargs: Any) -> MetricsRefresher:

@@ -10,8 +10,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from epp.errors import ConfigError
-from epp.observability.auth import bearer_auth_middleware, read_token_file
-from epp.observability.http import build_app
+from epp.picker.observability.auth import bearer_auth_middleware, read_token_file
+from epp.picker.observability.http import build_app
 
 TOKEN = "s3cr3t-token-value"
 

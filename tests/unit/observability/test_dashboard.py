@@ -9,8 +9,8 @@ import re
 from prometheus_client import CollectorRegistry
 
 from epp.clock import FakeClock
-from epp.datastore.types import Metrics
-from epp.observability.metrics import EppMetrics, PoolCollector
+from epp.picker.datastore.types import Metrics
+from epp.picker.observability.metrics import EppMetrics, PoolCollector
 from tests.unit.fake_scheduler import pool_datastore
 
 DASHBOARD = pathlib.Path(__file__).parents[3] / "manifests" / "grafana" / "epp-dashboard.json"

@@ -6,8 +6,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from epp.observability.decisions import Decision, DecisionLog, decisions_route
-from epp.observability.http import build_app
+from epp.picker.observability.decisions import Decision, DecisionLog, decisions_route
+from epp.picker.observability.http import build_app
 
 
 def decision(index: int) -> Decision:

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from epp.extproc.server import ListenError
-from epp.observability.http import build_app, start_http
+from epp.picker.listen import ListenError
+from epp.picker.observability.http import build_app, start_http
 
 
 async def test_metrics_healthz_and_extra_routes() -> None:

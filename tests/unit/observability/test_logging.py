@@ -9,7 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from epp.observability.logging import TRACE, VERBOSE, bound_request_id, configure_logging, level_for_verbosity
+from epp.picker.logs import (
+    TRACE,
+    VERBOSE,
+    bound_request_id,
+    configure_logging,
+    level_for_verbosity,
+)
 
 
 @pytest.fixture

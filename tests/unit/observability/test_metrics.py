@@ -6,10 +6,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.clock import FakeClock
-from epp.datastore.types import Endpoint, EndpointState, Metrics
 from epp.errors import EppError, ErrorCode
-from epp.observability.metrics import EppMetrics, PoolCollector, RequestOutcome, adapter_hit
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.picker.datastore.types import Endpoint, EndpointState, Metrics
+from epp.picker.observability.metrics import EppMetrics, PoolCollector, RequestOutcome, adapter_hit
+from epp.picker.scheduling.types import LLMRequest, SchedulingResult
 from tests.unit.fake_scheduler import pool_datastore
 
 POOL = {"name": "pool"}

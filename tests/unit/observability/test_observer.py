@@ -15,14 +15,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from epp.clock import FakeClock
-from epp.datastore.types import Criticality, EndpointState, Snapshot
-from epp.director import Director
 from epp.errors import EppError, ErrorCode
-from epp.extproc.stream import StreamHandler, StreamOptions
-from epp.observability.decisions import DecisionLog
-from epp.observability.metrics import EppMetrics
-from epp.observability.observer import Observer
-from epp.scheduling.types import LLMRequest
+from epp.picker.context import RequestContext
+from epp.picker.datastore.types import Criticality, EndpointState, Snapshot
+from epp.picker.director import Director
+from epp.picker.extproc.stream import StreamHandler, StreamOptions
+from epp.picker.observability.decisions import DecisionLog
+from epp.picker.observability.metrics import EppMetrics
+from epp.picker.observability.observer import Observer
+from epp.picker.scheduling.types import LLMRequest
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 PARENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -197,23 +198,27 @@ def test_the_decision_span_joins_the_callers_trace_and_carries_scores() -> None:
     assert json.loads(str(attributes["epp.scores"])) == {}
 
 
-def test_trace_headers_name_the_decision_span_while_the_request_is_open() -> None:
+def test_trace_headers_name_the_decision_span_on_the_requests_own_context() -> None:
     h = Harness()
-    handler = StreamHandler(StreamOptions(h.director, on_finished=h.observer.on_finished))
-    h.director.route(request_id="open", headers={"traceparent": TRACEPARENT}, body=b'{"model":"m"}')
-    [(name, value)] = h.observer.trace_headers("open")
+    context = RequestContext()
+    h.director.route(
+        request_id="open", headers={"traceparent": TRACEPARENT}, body=b'{"model":"m"}', context=context
+    )
+    [(name, value)] = context.upstream_headers
     span = h.exporter.get_finished_spans()[0]
     assert name == "traceparent"
     assert value == f"00-{PARENT_TRACE_ID}-{span.context.span_id:016x}-01"
-    handler.close()
-    assert h.observer.trace_headers("nobody") == []
+    assert RequestContext().upstream_headers == []  # another request's context holds none
 
 
 def test_without_a_tracer_no_trace_headers_are_set() -> None:
     observer = Observer(EppMetrics(CollectorRegistry()), DecisionLog(), FakeClock())
     director = Director(pool_datastore(), observer.observe_scheduler(FakeScheduler()), clock=FakeClock())
-    director.route(request_id="q", headers={"traceparent": TRACEPARENT}, body=b'{"model":"m"}')
-    assert observer.trace_headers("q") == []
+    context = RequestContext()
+    director.route(
+        request_id="q", headers={"traceparent": TRACEPARENT}, body=b'{"model":"m"}', context=context
+    )
+    assert context.upstream_headers == []
 
 
 def test_the_decision_log_is_bounded() -> None:
@@ -247,7 +252,7 @@ def test_streams_sharing_a_client_request_id_are_each_accounted() -> None:
     assert h.sample("inference_objective_running_requests", model_name="m") == 2
     handlers[0].close()
     assert h.sample("inference_objective_running_requests", model_name="m") == 1
-    assert h.observer.trace_headers("same")  # the other stream is still open
+    assert handlers[1].context.upstream_headers  # the other stream keeps its own
+    assert handlers[0].context.upstream_headers != handlers[1].context.upstream_headers  # one span each
     handlers[1].close()
     assert h.sample("inference_objective_running_requests", model_name="m") == 0
-    assert h.observer.trace_headers("same") == []

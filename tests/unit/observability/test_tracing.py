@@ -6,7 +6,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracer
 
-from epp.observability import tracing
+from epp.picker.observability import tracing
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from epp.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
+from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
 
 BASE = "base-model"
 

@@ -13,9 +13,9 @@ import random
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from epp.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
 from epp.errors import EppError
-from epp.scheduling.types import LLMRequest, Scheduler
+from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
+from epp.picker.scheduling.types import LLMRequest, Scheduler
 
 BASE = "base-model"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from epp.datastore.types import EndpointState
-from epp.scheduling.build import MAX_SCORED_ENDPOINTS, build_scheduler_from_config
-from epp.scheduling.config import load_config
-from epp.scheduling.framework import ProfileScheduler
-from epp.scheduling.policies import policy_config_text
-from epp.scheduling.types import LLMRequest
+from epp.picker.datastore.types import EndpointState
+from epp.picker.scheduling.build import MAX_SCORED_ENDPOINTS, build_scheduler_from_config
+from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.policies import policy_config_text
+from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import BASE, endpoint_state, snapshot_of
 
 NOW = 10.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from epp.errors import ConfigError
-from epp.scheduling.build import POLICY_NAMES, build_scheduler, build_scheduler_from_config
-from epp.scheduling.config import load_config, weights_from_scoring_weights
-from epp.scheduling.framework import ProfileScheduler
-from epp.scheduling.plugins import PluginKind
+from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler, build_scheduler_from_config
+from epp.picker.scheduling.config import load_config, weights_from_scoring_weights
+from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.plugins import PluginKind
 
 # The LoRA-first sample of the project's scheduling spec (§4), verbatim.
 GIE_SAMPLE = """\

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.scheduling.inflight import InflightTracker
-from epp.scheduling.prefix import PrefixIndex, prefix_hashes
+from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.prefix import PrefixIndex, prefix_hashes
 
 
 def test_inflight_counts_and_since_scrape() -> None:

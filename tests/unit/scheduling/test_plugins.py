@@ -9,21 +9,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from epp.datastore.types import EndpointState
-from epp.scheduling.filters import (
+from epp.picker.datastore.types import EndpointState
+from epp.picker.scheduling.filters import (
     HeaderBasedTestingFilter,
     LeastKvCacheFilter,
     LeastQueueFilter,
     LoraAffinityFilter,
     LowQueueFilter,
 )
-from epp.scheduling.framework import Profile, ScheduleContext, WeightedScorer
-from epp.scheduling.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
-from epp.scheduling.scorers.kv_cache_utilization import KvCacheUtilizationScorer
-from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
-from epp.scheduling.scorers.queue import QueueScorer
-from epp.scheduling.state import SchedulerState
-from epp.scheduling.types import LLMRequest
+from epp.picker.scheduling.framework import Profile, ScheduleContext, WeightedScorer
+from epp.picker.scheduling.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
+from epp.picker.scheduling.scorers.kv_cache_utilization import KvCacheUtilizationScorer
+from epp.picker.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.picker.scheduling.scorers.queue import QueueScorer
+from epp.picker.scheduling.state import SchedulerState
+from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import endpoint_state, snapshot_of
 
 

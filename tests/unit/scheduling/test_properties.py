@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.datastore.types import EndpointState
 from epp.errors import EppError
-from epp.scheduling.build import POLICY_NAMES, build_scheduler
-from epp.scheduling.types import LLMRequest
+from epp.picker.datastore.types import EndpointState
+from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
+from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import BASE, endpoint_state, snapshot_of
 
 NOW = 100.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.scheduling.inflight import InflightTracker
-from epp.scheduling.residency import ResidencyModel, ResidencyParams
+from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.residency import ResidencyModel, ResidencyParams
 from tests.unit.scheduling.helpers import endpoint_state
 
 POD = "pod-0-rank-0"

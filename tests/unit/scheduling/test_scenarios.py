@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epp.scheduling.build import POLICY_NAMES, build_scheduler
+from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
 from tests.unit.scheduling.podsim import SimResult, run_sim, zipf_adapters
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from epp.sim import api, schema
+from epp.tools.sim import api, errors, schema
 
 
 def completion(body: dict[str, Any]) -> api.GenerationRequest:
@@ -90,7 +90,7 @@ def test_chat_without_messages_has_no_prompt() -> None:
 def test_meaningless_bodies_raise_400(
     parse: Any, body: dict[str, Any], message: str, param: str | None
 ) -> None:
-    with pytest.raises(api.ApiError) as caught:
+    with pytest.raises(errors.ApiError) as caught:
         parse(body)
     assert caught.value.body() == {
         "error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}
@@ -102,7 +102,7 @@ def test_empty_stream_options_without_stream_are_accepted() -> None:
 
 
 def test_model_not_found_body_is_vllms() -> None:
-    error = api.model_not_found("no-such-model", ("tiny-llama",))
+    error = errors.model_not_found("no-such-model", ("tiny-llama",))
     assert error.status == 404
     assert error.body() == {
         "error": {

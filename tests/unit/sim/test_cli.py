@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from epp.sim.cli import configure_parser, parse_lora_module, settings_from_args
+from epp.tools.sim.cli import configure_parser, parse_lora_module, settings_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:

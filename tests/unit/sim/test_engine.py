@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from epp.sim.engine import Engine, EngineConfig, EngineStats, FinishedRequest, StepPlan
+from epp.tools.sim.engine import Engine, EngineConfig, EngineStats, FinishedRequest, StepPlan
 
 FAST = EngineConfig(
     max_num_seqs=8,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.sim.kvcache import PrefixCache
+from epp.tools.sim.kvcache import PrefixCache
 
 
 def words(n: int, salt: str = "w") -> list[str]:

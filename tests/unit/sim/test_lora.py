@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.sim.lora import AdapterTier, LoraCache
+from epp.tools.sim.lora import AdapterTier, LoraCache
 
 
 @pytest.mark.parametrize(

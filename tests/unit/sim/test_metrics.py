@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from epp.clock import FakeClock
-from epp.sim.driver import EngineDriver
-from epp.sim.engine import Engine, EngineConfig, TokenEvent
-from epp.sim.metrics import SimMetrics
+from epp.tools.sim.driver import EngineDriver
+from epp.tools.sim.engine import Engine, EngineConfig, TokenEvent
+from epp.tools.sim.metrics import SimMetrics
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
 

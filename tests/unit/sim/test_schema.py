@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from epp.sim import api, schema
+from epp.tools.sim import errors, schema
 
 
 def rejection(raw: bytes, body: type[schema.RequestBody] = schema.CompletionBody) -> dict[str, Any]:
-    with pytest.raises(api.ApiError) as caught:
+    with pytest.raises(errors.ApiError) as caught:
         schema.read_body(raw, body)
     assert caught.value.status == 400
     error: dict[str, Any] = caught.value.body()["error"]

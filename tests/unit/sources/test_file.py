@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from epp.clock import FakeClock
-from epp.datastore import Datastore, Metrics
 from epp.errors import ConfigError
-from epp.sources.file import FileSource
+from epp.picker.datastore import Datastore, Metrics
+from epp.picker.sources.file import FileSource
 
 POOL = """\
 apiVersion: inference.networking.k8s.io/v1
@@ -300,7 +300,7 @@ def test_objects_for_another_pool_are_reported(
     path: pathlib.Path, store: Datastore, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     path.write_text(pool_file(model_doc("typo", "m", "t", pool="vllm-pol")))
-    with caplog.at_level(logging.WARNING, logger="epp.sources.file"):
+    with caplog.at_level(logging.WARNING, logger="epp.picker.sources.file"):
         source_for(path, store, clock).load()
     assert store.snapshot().models == {}
     (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -344,7 +344,7 @@ async def idle(ticks: int = 50) -> None:
 
 
 def file_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "epp.sources.file" and r.levelno >= logging.ERROR]
+    return [r for r in caplog.records if r.name == "epp.picker.sources.file" and r.levelno >= logging.ERROR]
 
 
 async def test_polling_follows_the_injected_clock(running: FileSource, clock: FakeClock) -> None:
@@ -368,7 +368,7 @@ async def test_bad_file_keeps_state_logs_once_and_a_fix_is_applied(
     running: FileSource, path: pathlib.Path, store: Datastore, caplog: pytest.LogCaptureFixture
 ) -> None:
     before = store.snapshot()
-    with caplog.at_level(logging.INFO, logger="epp.sources.file"):
+    with caplog.at_level(logging.INFO, logger="epp.picker.sources.file"):
         write_atomically(path, GOOD.replace("10.0.0.1", "10.0.0.9").replace("number: 8000", "number: 0"))
         await settle(lambda: bool(file_errors(caplog)))
         await idle()
@@ -386,7 +386,7 @@ async def test_bad_file_keeps_state_logs_once_and_a_fix_is_applied(
 async def test_missing_file_keeps_state_and_its_return_is_applied(
     running: FileSource, path: pathlib.Path, store: Datastore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="epp.sources.file"):
+    with caplog.at_level(logging.ERROR, logger="epp.picker.sources.file"):
         remove(path)
         await settle(lambda: bool(file_errors(caplog)))
         await idle()
@@ -407,7 +407,7 @@ async def test_in_place_edit_is_noticed(running: FileSource, path: pathlib.Path,
 async def test_unchanged_content_is_not_reapplied(
     running: FileSource, path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="epp.sources.file"):
+    with caplog.at_level(logging.INFO, logger="epp.picker.sources.file"):
         write_atomically(path, GOOD)  # new inode and mtime, same content
         await idle()
     assert not [r for r in caplog.records if r.getMessage() == "pool file applied"]

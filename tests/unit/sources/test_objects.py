@@ -12,9 +12,17 @@ import pytest
 import yaml
 
 from epp.clock import FakeClock
-from epp.datastore import Criticality, Datastore, FailureMode, InferenceModel, PodInfo, Pool, TargetModel
 from epp.errors import ConfigError
-from epp.sources.objects import (
+from epp.picker.datastore import (
+    Criticality,
+    Datastore,
+    FailureMode,
+    InferenceModel,
+    PodInfo,
+    Pool,
+    TargetModel,
+)
+from epp.picker.sources.objects import (
     INFERENCE_MODEL,
     INFERENCE_OBJECTIVE,
     POOL_V1,

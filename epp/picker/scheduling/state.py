@@ -1,0 +1,41 @@
+"""State a scheduler keeps between decisions: in-flight requests, residency, popularity, randomness.
+
+One `SchedulerState` per scheduler; every plugin of that scheduler shares it. All of it
+is bounded (see each part) and advanced only by the caller's `now`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.popularity import AdapterPopularity
+from epp.picker.scheduling.residency import ResidencyModel, ResidencyParams
+
+
+@dataclass(slots=True)
+class SchedulerState:
+    rng: random.Random
+    staleness_threshold_s: float
+    inflight: InflightTracker = field(default_factory=InflightTracker)
+    popularity: AdapterPopularity = field(default_factory=AdapterPopularity)
+    residency: ResidencyModel = field(init=False)
+    residency_params: ResidencyParams = field(default_factory=ResidencyParams)
+    base_models: frozenset[str] = frozenset()  # names that are the base model, not an adapter
+
+    def __post_init__(self) -> None:
+        self.residency = ResidencyModel(self.inflight, self.residency_params)
+
+    @classmethod
+    def create(cls, *, seed: int | None, staleness_threshold_s: float) -> SchedulerState:
+        return cls(rng=random.Random(seed), staleness_threshold_s=staleness_threshold_s)
+
+    def adapter_in_flight(self, endpoint: str, adapter: str) -> bool:
+        """Whether a request for `adapter` routed to `endpoint` has not finished yet."""
+        return self.inflight.adapter_count(endpoint, adapter) > 0
+
+    def adapter_in_gpu_slot(self, endpoint: str, adapter: str) -> bool:
+        """Whether the residency model has `adapter` in one of `endpoint`'s GPU slots."""
+        pod = self.residency.pod(endpoint)
+        return pod is not None and adapter in pod.gpu

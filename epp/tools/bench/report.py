@@ -1,0 +1,299 @@
+"""Benchmark output: the terminal table, results.json, report.md and PNG plots (matplotlib Agg)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from epp.tools.bench.runner import BenchResult, PolicySummary, cdf_points
+
+BASELINE = "round-robin"
+OURS = "default"
+RESULTS_SCHEMA_VERSION = 1
+
+
+def _ratio(baseline: float, ours: float) -> float | None:
+    """baseline / ours; None when undefined (0/0); inf when only ours is 0."""
+    if ours == 0:
+        return None if baseline == 0 else math.inf
+    return baseline / ours
+
+
+def _fmt_s(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "∞" if math.isinf(value) else f"{value:.1f}x"
+
+
+def comparisons(result: BenchResult) -> dict[str, Any]:
+    """Ours vs round-robin (when both ran) and the shared-vs-dedicated GPU figure."""
+    s = result.summaries
+    out: dict[str, Any] = {}
+    if OURS in s and BASELINE in s:
+        ours, rr = s[OURS], s[BASELINE]
+        swap_ratio = _ratio(rr.swaps_per_1k, ours.swaps_per_1k)
+        out["vs_round_robin"] = {
+            "swap_ratio": None if swap_ratio is None or math.isinf(swap_ratio) else swap_ratio,
+            "swap_ratio_unbounded": swap_ratio is not None and math.isinf(swap_ratio),
+            "ttft_p50_reduction": _reduction(rr.ttft_p50_s, ours.ttft_p50_s),
+            "e2e_p50_reduction": _reduction(rr.e2e_p50_s, ours.e2e_p50_s),
+            "ttft_p99_reduction": _reduction(rr.ttft_p99_s, ours.ttft_p99_s),
+        }
+    total = result.dedicated_total
+    if result.dedicated is not None:
+        shared = {name: summary.replicas_for_slo for name, summary in s.items()}
+        ours_replicas = shared.get(OURS)
+        out["dedicated"] = {
+            "per_adapter_replicas": result.dedicated,
+            "total_replicas": total,
+            "shared_replicas_for_slo": shared,
+            "replica_reduction": (
+                None if total is None or ours_replicas is None else 1.0 - ours_replicas / total
+            ),
+        }
+    return out
+
+
+def _reduction(baseline: float, ours: float) -> float | None:
+    """1 − ours/baseline: 0.65 means 65 % lower; None when either is not finite."""
+    if not (math.isfinite(baseline) and math.isfinite(ours)) or baseline <= 0:
+        return 1.0 if math.isinf(baseline) and math.isfinite(ours) else None
+    return 1.0 - ours / baseline
+
+
+def results_document(result: BenchResult, *, command: str) -> dict[str, Any]:
+    sc = result.scenario
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "command": command,
+        "scenario": {
+            "name": sc.name,
+            "description": sc.description,
+            "model_profile": sc.profile.name,
+            "deployment": sc.deployment,
+            "replicas": sc.replicas,
+            "max_loras": sc.pod_config.max_loras,
+            "max_cpu_loras": sc.pod_config.max_cpu_loras,
+            "adapters": len(sc.workload.adapters),
+            "duration_s": sc.workload.duration_s,
+            "warmup_s": sc.warmup_s,
+            "seed": sc.seed,
+            "scrape_interval_s": sc.scrape_interval_s,
+            "slo_ttft_s": sc.slo.ttft_s,
+            "slo_target_goodput": sc.slo.target_goodput,
+        },
+        "policies": {name: summary.as_json() for name, summary in result.summaries.items()},
+        "comparisons": comparisons(result),
+    }
+
+
+_COLUMNS = (
+    ("policy", 12),
+    ("reqs", 7),
+    ("swaps/1k", 9),
+    ("vs rr", 6),
+    ("adapter hit", 11),
+    ("slot wait", 9),
+    ("prefix hit", 10),
+    ("ttft p50", 9),
+    ("ttft p99", 9),
+    ("e2e p50", 8),
+    ("e2e p99", 8),
+    ("rps", 6),
+    ("goodput", 7),
+    ("shed", 6),
+    ("replicas", 8),
+)
+
+
+def table_rows(result: BenchResult) -> list[list[str]]:
+    rr = result.summaries.get(BASELINE)
+    rows = []
+    for name, s in result.summaries.items():
+        vs = _fmt_ratio(_ratio(rr.swaps_per_1k, s.swaps_per_1k)) if rr is not None else "-"
+        rows.append(
+            [
+                name,
+                str(s.requests),
+                f"{s.swaps_per_1k:.1f}",
+                vs,
+                f"{s.adapter_hit_rate:.1%}",
+                f"{s.slot_wait_rate:.1%}",
+                f"{s.prefix_hit_rate:.1%}",
+                _fmt_s(s.ttft_p50_s),
+                _fmt_s(s.ttft_p99_s),
+                _fmt_s(s.e2e_p50_s),
+                _fmt_s(s.e2e_p99_s),
+                f"{s.throughput_rps:.1f}",
+                f"{s.slo_goodput:.1%}",
+                str(s.rejected),
+                "-" if s.replicas_for_slo is None else str(s.replicas_for_slo),
+            ]
+        )
+    return rows
+
+
+def format_table(result: BenchResult) -> str:
+    header = [name for name, _ in _COLUMNS]
+    widths = [max(w, len(h)) for (h, w) in _COLUMNS]
+    rows = table_rows(result)
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines += _comparison_lines(result)
+    return "\n".join(lines)
+
+
+def _comparison_lines(result: BenchResult) -> list[str]:
+    comp = comparisons(result)
+    lines = []
+    vs = comp.get("vs_round_robin")
+    if vs:
+        swap = (
+            "no swaps at all vs round-robin's" if vs["swap_ratio_unbounded"] else _fmt_ratio(vs["swap_ratio"])
+        )
+        lines.append(
+            f"default vs round-robin: swaps {swap} fewer"
+            if not vs["swap_ratio_unbounded"]
+            else f"default vs round-robin: {swap} {result.summaries[BASELINE].swaps_per_1k:.1f}/1k"
+        )
+        lines.append(
+            f"  P50 TTFT {_fmt_change(vs['ttft_p50_reduction'])}, "
+            f"P50 e2e {_fmt_change(vs['e2e_p50_reduction'])}, "
+            f"P99 TTFT {_fmt_change(vs['ttft_p99_reduction'])}"
+        )
+    ded = comp.get("dedicated")
+    if ded:
+        per_adapter = [v for v in ded["per_adapter_replicas"].values() if v is not None]
+        lines.append(
+            f"dedicated (one deployment per adapter): {len(ded['per_adapter_replicas'])} deployments, "
+            f"{ded['total_replicas'] if ded['total_replicas'] is not None else 'SLO not met'} replicas "
+            f"(largest {max(per_adapter, default=0)}); shared default: "
+            f"{ded['shared_replicas_for_slo'].get(OURS)} → {_fmt_pct(ded['replica_reduction'])} fewer"
+        )
+    sc = result.scenario
+    lines.append(
+        f"SLO: TTFT ≤ {sc.slo.ttft_s:g}s for ≥ {sc.slo.target_goodput:.0%} of requests; "
+        "replicas = fewest meeting it"
+    )
+    return lines
+
+
+def _fmt_change(reduction: float | None) -> str:
+    """0.65 → "65.0% lower"; −0.2 → "20.0% higher"."""
+    if reduction is None:
+        return "-"
+    return f"{reduction:.1%} lower" if reduction >= 0 else f"{-reduction:.1%} higher"
+
+
+def _fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def markdown_report(result: BenchResult, *, command: str, plots: Sequence[str]) -> str:
+    sc = result.scenario
+    header = [name for name, _ in _COLUMNS]
+    lines = [
+        f"# epp bench: {sc.name}",
+        "",
+        sc.description,
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Model profile `{sc.profile.name}`, {sc.replicas} replicas, max-loras {sc.pod_config.max_loras}, "
+        f"{len(sc.workload.adapters)} adapters, {sc.workload.duration_s:g} s simulated "
+        f"(first {sc.warmup_s:g} s not measured), scrape every {sc.scrape_interval_s * 1000:g} ms, "
+        f"seed {sc.seed}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(result)]
+    lines += ["", *(f"- {line.strip()}" for line in _comparison_lines(result)), ""]
+    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
+    summaries: dict[str, PolicySummary] = result.summaries
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, s in summaries.items():
+        for ax, samples in zip(axes, (s.ttft_samples_s, s.e2e_samples_s), strict=True):
+            x, y = cdf_points(samples)
+            if x.size:
+                ax.step(x, y, where="post", label=name)
+    for ax, title in zip(axes, ("TTFT", "end-to-end latency"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds (log)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{title} CDF — {result.scenario.name}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "latency_cdf.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    names = list(summaries)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(names, [summaries[n].swaps_per_1k for n in names], color="tab:orange")
+    ax.set_ylabel("adapter swaps per 1k requests")
+    ax.set_title(f"Adapter swaps — {result.scenario.name}")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    paths.append(out_dir / "swaps.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    searched = {n: summaries[n].replicas_for_slo for n in names}
+    if any(v is not None for v in searched.values()) or result.dedicated is not None:
+        labels = list(names)
+        values = [float(v) if v is not None else math.nan for v in searched.values()]
+        if result.dedicated_total is not None:
+            labels.append("dedicated")
+            values.append(float(result.dedicated_total))
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.bar(labels, values, color="tab:blue")
+        ax.set_ylabel("fewest replicas meeting the TTFT SLO")
+        ax.set_title(f"Replicas for SLO — {result.scenario.name} (missing: not met)")
+        ax.tick_params(axis="x", rotation=30)
+        fig.tight_layout()
+        paths.append(out_dir / "replicas_for_slo.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def write_outputs(result: BenchResult, out_dir: Path, *, command: str) -> list[Path]:
+    """results.json, report.md and the plots in `out_dir` (created); returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(result, out_dir)
+    results_path = out_dir / "results.json"
+    results_path.write_text(
+        json.dumps(results_document(result, command=command), indent=2, allow_nan=False) + "\n",
+        encoding="utf-8",
+    )
+    report_path = out_dir / "report.md"
+    report_path.write_text(
+        markdown_report(result, command=command, plots=[str(p) for p in plots]), encoding="utf-8"
+    )
+    return [results_path, report_path, *plots]

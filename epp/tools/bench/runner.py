@@ -1,0 +1,229 @@
+"""One benchmark: every policy on one scenario, the figures per policy, and the replica search.
+
+Figures are taken over requests that arrived after the scenario's warm-up; a request that
+never got a first token counts as missing the SLO and as an infinite latency in percentiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from epp.tools.bench import workload
+from epp.tools.bench.events import Fleet, RunResult, simulate
+from epp.tools.bench.model import SimRequest
+from epp.tools.bench.scenario import Scenario
+
+# (policy, what, fraction done of that part) for a progress bar
+ProgressSink = Callable[[str, str, float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySummary:
+    policy: str
+    requests: int  # measured requests (arrived after warm-up)
+    rejected: int
+    unfinished: int
+    swaps: int
+    swaps_per_1k: float
+    adapter_hit_rate: float
+    slot_wait_rate: float  # arrived while every GPU slot of its pod held other in-flight adapters
+    prefix_hit_rate: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    e2e_p50_s: float
+    e2e_p99_s: float
+    throughput_rps: float  # measured requests finished per second of the measured window
+    slo_goodput: float
+    replicas_for_slo: int | None = None  # None: not searched or not met within the search bound
+    ttft_samples_s: tuple[float, ...] = field(default=(), repr=False)  # sorted, for CDF plots
+    e2e_samples_s: tuple[float, ...] = field(default=(), repr=False)
+
+    def as_json(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        del data["ttft_samples_s"], data["e2e_samples_s"], data["policy"]
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    rank = q / 100 * (len(sorted_values) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    a, b = sorted_values[low], sorted_values[high]
+    if math.isinf(a) or math.isinf(b):
+        return math.inf if rank - low > 0 or math.isinf(a) else a
+    return a + (b - a) * (rank - low)
+
+
+def summarize(result: RunResult, *, warmup_s: float, slo_ttft_s: float) -> PolicySummary:
+    measured = [r for r in result.requests if r.arrival_s >= warmup_s]
+    served = [r for r in measured if not r.rejected]
+    with_adapter = [r for r in served if r.adapter]
+    ttfts = sorted(r.ttft_s if r.ttft_s is not None else math.inf for r in served)
+    e2es = sorted(r.e2e_s if r.e2e_s is not None else math.inf for r in served)
+    prompt_tokens = sum(r.prompt_tokens for r in served)
+    cached = sum(r.cached_tokens for r in served)
+    swaps = sum(1 for r in served if r.caused_swap)
+    finished = [r for r in served if r.finish_s is not None]
+    window_s = max(1e-9, result.arrivals_end_s - warmup_s)
+    n = len(measured)
+    return PolicySummary(
+        policy=result.policy,
+        requests=n,
+        rejected=n - len(served),
+        unfinished=len(served) - len(finished),
+        swaps=swaps,
+        swaps_per_1k=1000.0 * swaps / n if n else 0.0,
+        adapter_hit_rate=sum(r.adapter_hit for r in with_adapter) / len(with_adapter)
+        if with_adapter
+        else 1.0,
+        slot_wait_rate=(
+            sum(r.slot_blocked for r in with_adapter) / len(with_adapter) if with_adapter else 0.0
+        ),
+        prefix_hit_rate=cached / prompt_tokens if prompt_tokens else 0.0,
+        ttft_p50_s=_percentile(ttfts, 50),
+        ttft_p99_s=_percentile(ttfts, 99),
+        e2e_p50_s=_percentile(e2es, 50),
+        e2e_p99_s=_percentile(e2es, 99),
+        throughput_rps=len(finished) / window_s,
+        slo_goodput=sum(1 for t in ttfts if t <= slo_ttft_s) / n if n else 0.0,
+        ttft_samples_s=tuple(ttfts),
+        e2e_samples_s=tuple(e2es),
+    )
+
+
+def fleet_for(scenario: Scenario, replicas: int | None = None) -> Fleet:
+    return Fleet(
+        profile=scenario.profile,
+        config=scenario.pod_config,
+        replicas=scenario.replicas if replicas is None else replicas,
+        scrape_interval_s=scenario.scrape_interval_s,
+    )
+
+
+def run_policy(
+    scenario: Scenario,
+    policy: str,
+    *,
+    replicas: int | None = None,
+    requests: list[SimRequest] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> RunResult:
+    reqs = requests if requests is not None else workload.generate(scenario.workload, scenario.seed)
+    return simulate(policy, fleet_for(scenario, replicas), reqs, seed=scenario.seed, progress=progress)
+
+
+def meets_slo(
+    scenario: Scenario, policy: str, replicas: int, requests: list[SimRequest] | None = None
+) -> bool:
+    summary = summarize(
+        run_policy(scenario, policy, replicas=replicas, requests=requests),
+        warmup_s=scenario.warmup_s,
+        slo_ttft_s=scenario.slo.ttft_s,
+    )
+    return summary.slo_goodput >= scenario.slo.target_goodput
+
+
+def fewest_replicas(
+    scenario: Scenario, policy: str, *, requests_factory: Callable[[], list[SimRequest]] | None = None
+) -> int | None:
+    """Binary search for the fewest replicas meeting the SLO (more replicas never hurt here)."""
+
+    def ok(n: int) -> bool:
+        return meets_slo(scenario, policy, n, requests_factory() if requests_factory else None)
+
+    low, high = 1, scenario.slo.max_replicas
+    if not ok(high):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def dedicated_replicas(scenario: Scenario, *, policy: str = "round-robin") -> dict[str, int | None]:
+    """One deployment per adapter (no sharing): the fewest replicas each needs for the SLO.
+
+    Each deployment serves only its adapter's share of the same request stream, behind a plain
+    Service (round-robin), with one LoRA slot in use.
+    """
+    all_requests = workload.generate(scenario.workload, scenario.seed)
+    needs: dict[str, int | None] = {}
+    for adapter in sorted({r.adapter for r in all_requests}):
+
+        def subset(adapter: str = adapter) -> list[SimRequest]:
+            fresh = workload.generate(scenario.workload, scenario.seed)
+            return [r for r in fresh if r.adapter == adapter]
+
+        needs[adapter or "base"] = fewest_replicas(scenario, policy, requests_factory=subset)
+    return needs
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    scenario: Scenario
+    summaries: dict[str, PolicySummary]
+    dedicated: dict[str, int | None] | None = None  # per-adapter replicas, for `deployment: dedicated`
+
+    @property
+    def dedicated_total(self) -> int | None:
+        if self.dedicated is None or any(v is None for v in self.dedicated.values()):
+            return None
+        return sum(v for v in self.dedicated.values() if v is not None)
+
+
+def run_bench(
+    scenario: Scenario,
+    policies: Sequence[str],
+    *,
+    search_replicas: bool = True,
+    progress: ProgressSink | None = None,
+    search_scenario: Scenario | None = None,
+) -> BenchResult:
+    """Run every policy on `scenario`; the replica search runs on `search_scenario` (default: same)."""
+    searched = search_scenario if search_scenario is not None else scenario
+    summaries: dict[str, PolicySummary] = {}
+    for policy in policies:
+
+        def tick(fraction: float, policy: str = policy) -> None:
+            if progress is not None:
+                progress(policy, "run", fraction)
+
+        summary = summarize(
+            run_policy(scenario, policy, progress=tick),
+            warmup_s=scenario.warmup_s,
+            slo_ttft_s=scenario.slo.ttft_s,
+        )
+        if search_replicas:
+            if progress is not None:
+                progress(policy, "replica search", 0.0)
+            summary = dataclasses.replace(summary, replicas_for_slo=fewest_replicas(searched, policy))
+            if progress is not None:
+                progress(policy, "replica search", 1.0)
+        summaries[policy] = summary
+    dedicated = None
+    if scenario.deployment == "dedicated" and search_replicas:
+        if progress is not None:
+            progress("dedicated", "replica search", 0.0)
+        dedicated = dedicated_replicas(searched)
+        if progress is not None:
+            progress("dedicated", "replica search", 1.0)
+    return BenchResult(scenario=scenario, summaries=summaries, dedicated=dedicated)
+
+
+def cdf_points(samples: Sequence[float], points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Finite samples thinned to at most `points` (x, F(x)) pairs for plotting."""
+    finite = np.array([s for s in samples if math.isfinite(s)])
+    if finite.size == 0:
+        return np.array([]), np.array([])
+    idx = np.unique(np.linspace(0, finite.size - 1, min(points, finite.size)).astype(int))
+    return finite[idx], (idx + 1) / len(samples)

@@ -1,0 +1,256 @@
+"""Scenario files: a YAML document that fixes the fleet, the workload and the SLO of one benchmark.
+
+Packaged scenarios live in `epp/tools/bench/scenarios/<name>.yaml`; `--scenario` takes a name or a
+path, so users copy one, edit it and pass the copy. Unknown keys are an error (a typo would
+otherwise silently benchmark the wrong thing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from epp.errors import ConfigError
+from epp.tools.bench import workload
+from epp.tools.bench.model import PROFILES, PodConfig, PodProfile
+
+_TOP_KEYS = {
+    "name",
+    "description",
+    "model",
+    "duration_s",
+    "warmup_s",
+    "seed",
+    "scrape_interval_s",
+    "deployment",
+    "pods",
+    "adapters",
+    "arrivals",
+    "lengths",
+    "slo",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_s: float = 2.0  # a request meets the SLO when its TTFT is at most this
+    target_goodput: float = 0.95  # a replica count meets the SLO when this share of requests does
+    max_replicas: int = 32  # upper end of the replica search
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    profile: PodProfile
+    pod_config: PodConfig
+    replicas: int
+    workload: workload.WorkloadSpec
+    slo: Slo
+    seed: int = 1
+    warmup_s: float = 60.0  # requests arriving earlier are not measured
+    scrape_interval_s: float = 0.1  # how often the EPP scrapes each pod's /metrics
+    deployment: str = "shared"  # "shared": one pool; "dedicated": one deployment per adapter
+
+    def with_overrides(
+        self,
+        *,
+        adapters: int | None = None,
+        zipf_alpha: float | None = None,
+        replicas: int | None = None,
+        max_loras: int | None = None,
+        duration_s: float | None = None,
+        trace: str | None = None,
+        seed: int | None = None,
+        scrape_interval_s: float | None = None,
+    ) -> Scenario:
+        """A copy with command-line overrides applied."""
+        spec = self.workload
+        if adapters is not None or zipf_alpha is not None:
+            count = adapters if adapters is not None else len(spec.adapters)
+            if count < 1:
+                raise ConfigError("--adapters must be at least 1")
+            alpha = zipf_alpha if zipf_alpha is not None else 1.0
+            if zipf_alpha is None and adapters is not None and count == len(spec.adapters):
+                weights = spec.popularity
+            elif zipf_alpha is None and self._is_uniform():
+                weights = np.full(count, 1.0 / count)
+            else:
+                weights = workload.zipf_weights(count, alpha)
+            spec = dataclasses.replace(spec, adapters=workload.adapter_names(count), popularity=weights)
+        if duration_s is not None:
+            if duration_s <= 0:
+                raise ConfigError("--duration must be positive")
+            spec = dataclasses.replace(spec, duration_s=duration_s)
+        if trace is not None:
+            try:
+                rows = tuple(workload.read_trace(workload.resolve_trace(trace)))
+            except (ValueError, OSError) as exc:
+                raise ConfigError(str(exc)) from exc
+            spec = dataclasses.replace(spec, trace=rows)
+        config = self.pod_config
+        if max_loras is not None:
+            if max_loras < 1:
+                raise ConfigError("--max-loras must be at least 1")
+            config = dataclasses.replace(
+                config, max_loras=max_loras, max_cpu_loras=max(max_loras, config.max_cpu_loras)
+            )
+        if replicas is not None and replicas < 1:
+            raise ConfigError("--replicas must be at least 1")
+        warmup = self.warmup_s if duration_s is None else min(self.warmup_s, spec.duration_s / 10)
+        return dataclasses.replace(
+            self,
+            workload=spec,
+            pod_config=config,
+            replicas=replicas if replicas is not None else self.replicas,
+            seed=seed if seed is not None else self.seed,
+            warmup_s=warmup,
+            scrape_interval_s=scrape_interval_s if scrape_interval_s is not None else self.scrape_interval_s,
+        )
+
+    def _is_uniform(self) -> bool:
+        p = self.workload.popularity
+        return bool(p.size and np.allclose(p, p[0]))
+
+
+def packaged_names() -> list[str]:
+    folder = resources.files("epp.tools.bench") / "scenarios"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load(name_or_path: str) -> Scenario:
+    """A packaged scenario by name, or a scenario file by path; ConfigError on anything wrong."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"scenario file {name_or_path} not found")
+        text = path.read_text(encoding="utf-8")
+    else:
+        ref = resources.files("epp.tools.bench") / "scenarios" / f"{name_or_path}.yaml"
+        if not ref.is_file():
+            known = ", ".join(packaged_names())
+            raise ConfigError(f"unknown scenario {name_or_path!r} (packaged: {known})")
+        text = ref.read_text(encoding="utf-8")
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"scenario {name_or_path}: invalid YAML: {exc}") from exc
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"scenario {name_or_path}: expected a mapping at the top level")
+    try:
+        return parse(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"scenario {name_or_path}: {exc}") from exc
+
+
+def _section(document: Mapping[str, Any], key: str, allowed: set[str]) -> Mapping[str, Any]:
+    value = document.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping")
+    unknown = set(value) - allowed
+    if unknown:
+        raise ValueError(f"unknown keys in {key}: {', '.join(sorted(unknown))}")
+    return value
+
+
+def _range(value: Any, name: str) -> tuple[int, int]:
+    low, high = (int(v) for v in value)
+    if not 1 <= low <= high:
+        raise ValueError(f"{name} must be [low, high] with 1 ≤ low ≤ high")
+    return low, high
+
+
+def parse(document: Mapping[str, Any]) -> Scenario:
+    """Build a Scenario from a parsed YAML mapping (see the packaged files for every key)."""
+    unknown = set(document) - _TOP_KEYS
+    if unknown:
+        raise ValueError(f"unknown keys: {', '.join(sorted(unknown))}")
+    model = str(document.get("model", "llama-3.1-70b-h100-tp2"))
+    if model not in PROFILES:
+        raise ValueError(f"unknown model profile {model!r} (known: {', '.join(PROFILES)})")
+    pods = _section(
+        document, "pods", {"replicas", "max_loras", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens"}
+    )
+    adapters = _section(
+        document,
+        "adapters",
+        {"count", "popularity", "zipf_alpha", "tiers", "base_fraction", "system_prompt_tokens"},
+    )
+    arrivals = _section(document, "arrivals", {"rate_rps", "cv", "trace", "time_scale"})
+    lengths = _section(document, "lengths", {"prompt_tokens", "output_tokens"})
+    slo_doc = _section(document, "slo", {"ttft_s", "target_goodput", "max_replicas"})
+
+    max_loras = int(pods.get("max_loras", 4))
+    config = PodConfig(
+        max_loras=max_loras,
+        max_cpu_loras=int(pods.get("max_cpu_loras", max_loras)),
+        max_num_seqs=int(pods.get("max_num_seqs", 256)),
+        max_num_batched_tokens=int(pods.get("max_num_batched_tokens", 8192)),
+    )
+    popularity = str(adapters.get("popularity", "uniform"))
+    if popularity == "tiers":
+        tiers = [(int(t["count"]), float(t["share"])) for t in adapters["tiers"]]
+        weights = workload.tier_weights(tiers)
+        count = int(weights.size)
+    else:
+        count = int(adapters.get("count", 5))
+        if count < 1:
+            raise ValueError("adapters.count must be at least 1")
+        if popularity == "uniform":
+            weights = np.full(count, 1.0 / count)
+        elif popularity == "zipf":
+            weights = workload.zipf_weights(count, float(adapters.get("zipf_alpha", 1.0)))
+        else:
+            raise ValueError("adapters.popularity must be uniform, zipf or tiers")
+    trace_rows = None
+    if arrivals.get("trace"):
+        trace_rows = tuple(workload.read_trace(workload.resolve_trace(str(arrivals["trace"]))))
+    duration_s = float(document.get("duration_s", 600))
+    spec = workload.WorkloadSpec(
+        duration_s=duration_s,
+        adapters=workload.adapter_names(count),
+        popularity=weights,
+        base_fraction=float(adapters.get("base_fraction", 0.0)),
+        rate_rps=float(arrivals.get("rate_rps", 10.0)),
+        arrival_cv=float(arrivals.get("cv", 1.0)),
+        prompt_tokens=_range(lengths.get("prompt_tokens", (8, 512)), "lengths.prompt_tokens"),
+        output_tokens=_range(lengths.get("output_tokens", (8, 512)), "lengths.output_tokens"),
+        system_prompt_tokens=int(adapters.get("system_prompt_tokens", 0)),
+        trace=trace_rows,
+        trace_time_scale=float(arrivals.get("time_scale", 1.0)),
+    )
+    if spec.rate_rps <= 0 or spec.arrival_cv <= 0 or spec.trace_time_scale <= 0:
+        raise ValueError("arrivals.rate_rps, arrivals.cv and arrivals.time_scale must be positive")
+    deployment = str(document.get("deployment", "shared"))
+    if deployment not in ("shared", "dedicated"):
+        raise ValueError("deployment must be shared or dedicated")
+    replicas = int(pods.get("replicas", 6))
+    if replicas < 1:
+        raise ValueError("pods.replicas must be at least 1")
+    scrape_interval_s = float(document.get("scrape_interval_s", 0.1))
+    if scrape_interval_s <= 0:
+        raise ValueError("scrape_interval_s must be positive")
+    return Scenario(
+        name=str(document.get("name", "custom")),
+        description=str(document.get("description", "")).strip(),
+        profile=PROFILES[model],
+        pod_config=config,
+        replicas=replicas,
+        workload=spec,
+        slo=Slo(
+            ttft_s=float(slo_doc.get("ttft_s", 2.0)),
+            target_goodput=float(slo_doc.get("target_goodput", 0.95)),
+            max_replicas=int(slo_doc.get("max_replicas", 32)),
+        ),
+        seed=int(document.get("seed", 1)),
+        warmup_s=float(document.get("warmup_s", min(60.0, duration_s / 10))),
+        scrape_interval_s=scrape_interval_s,
+        deployment=deployment,
+    )
