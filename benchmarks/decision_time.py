@@ -86,7 +86,7 @@ def drive(
         in_flight.append((request, result.primary.name))
         if len(in_flight) > 4 * len(pool):  # keep a realistic number in flight
             done, name = in_flight.pop(0)
-            scheduler.on_completed(done, name, now, ok=True)
+            scheduler.on_completed(done, name, now)
         t2 = time.perf_counter()
         schedule_us.append((t1 - t0) * 1e6)
         full_us.append((t2 - t0) * 1e6)

@@ -154,7 +154,7 @@ class Director:
                 found = _endpoint_by_address(self._datastore.snapshot(), served_address)
                 if found is not None:
                     endpoint_name = found.name
-        self._scheduler.on_completed(decision.request, endpoint_name, self._clock.now(), ok=status < 500)
+        self._scheduler.on_completed(decision.request, endpoint_name, self._clock.now())
 
     def _build_request(
         self,

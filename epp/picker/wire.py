@@ -16,7 +16,8 @@ MODEL_NAME_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
 
 # Control headers a client may send but must never reach the model server as-is: the destination
-# header (SSRF, spec §14.3) and the served/subset keys. The EPP removes these from the upstream request.
+# header (a client must never choose the address Envoy dials) and the served/subset keys. The EPP
+# removes these from the upstream request.
 STRIPPED_CLIENT_HEADERS = frozenset(
     {
         DESTINATION_ENDPOINT_HEADER,

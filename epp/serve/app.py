@@ -51,7 +51,6 @@ from epp.picker.observability.health import Health, build_health_server
 from epp.picker.observability.http import build_app, start_http
 from epp.picker.observability.metrics import EppMetrics, PoolCollector
 from epp.picker.observability.observer import Observer
-from epp.picker.outcome import StreamRecord
 from epp.picker.scheduling.state import SchedulerState
 from epp.serve import config
 from epp.serve.config import ServeSettings
@@ -73,18 +72,6 @@ class BoundPorts:
     grpc: int
     health: int
     metrics: int
-
-
-@dataclass(slots=True)
-class Extensions:
-    """Hooks other parts plug in without editing this module: metrics and decision-log routes.
-
-    `registry` None: a fresh registry per `serve` (the EPP's metrics plus process/platform/GC).
-    """
-
-    registry: CollectorRegistry | None = None
-    extra_routes: tuple[web.RouteDef, ...] = ()
-    on_finished: Callable[[StreamRecord], None] | None = None
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +114,6 @@ async def serve(
     clock: Clock | None = None,
     stop: asyncio.Event | None = None,
     on_started: Callable[[BoundPorts], None] | None = None,
-    extensions: Extensions | None = None,
 ) -> None:
     """Run until `stop` is set (or SIGTERM/SIGINT); raises ConfigError / ListenError at start-up."""
     stop = stop if stop is not None else asyncio.Event()
@@ -137,7 +123,6 @@ async def serve(
             clock=clock if clock is not None else SystemClock(),
             stop=stop,
             on_started=on_started,
-            extensions=extensions if extensions is not None else Extensions(),
         )
 
 
@@ -147,13 +132,12 @@ async def _serve(
     clock: Clock,
     stop: asyncio.Event,
     on_started: Callable[[BoundPorts], None] | None,
-    extensions: Extensions,
 ) -> None:
     metrics_token = (
         read_token_file(settings.metrics_auth_token_file) if settings.metrics_auth_token_file else None
     )
     datastore = Datastore(clock)
-    registry = extensions.registry if extensions.registry is not None else _default_registry()
+    registry = _default_registry()
     registry.register(PoolCollector(datastore, clock))
     provider = tracing.build_tracer_provider() if settings.tracing else None
     observer = Observer(
@@ -184,7 +168,7 @@ async def _serve(
                 max_request_body_bytes=settings.max_request_body_bytes,
                 max_header_bytes=settings.max_header_bytes,
             ),
-            on_finished=_both(observer.on_finished, extensions.on_finished),
+            on_finished=observer.on_finished,
             clock=clock,
             hold=functools.partial(hold_for_adapter, loader, director) if loader is not None else None,
             completions=completions,
@@ -205,7 +189,7 @@ async def _serve(
     http_app = build_app(
         registry,
         ready=lambda: health.ready,
-        extra_routes=(decisions_route(observer.decisions), *adapters.routes, *extensions.extra_routes),
+        extra_routes=(decisions_route(observer.decisions), *adapters.routes),
     )
     if metrics_token is not None:
         http_app.middlewares.append(bearer_auth_middleware(metrics_token))
@@ -258,19 +242,6 @@ def _default_registry() -> CollectorRegistry:
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)
     return registry
-
-
-def _both(
-    first: Callable[[StreamRecord], None], second: Callable[[StreamRecord], None] | None
-) -> Callable[[StreamRecord], None]:
-    if second is None:
-        return first
-
-    def call(record: StreamRecord) -> None:
-        first(record)
-        second(record)
-
-    return call
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +365,14 @@ def _build_director(
 ) -> tuple[Director, SchedulerState | None]:
     from epp.picker.admission import build_admission
     from epp.picker.scheduling.build import build_scheduler
+    from epp.picker.scheduling.config import load_config
 
+    if settings.picker_config_text is not None:
+        ignored = load_config(settings.picker_config_text).ignored
+        if ignored:
+            log.warning(
+                "EndpointPickerConfig sections accepted and not applied", extra={"sections": list(ignored)}
+            )
     scheduler = build_scheduler(
         settings.picker_config_text,
         policy=settings.policy,
@@ -445,16 +423,19 @@ def _build_source(
 
 
 def _build_refresher(settings: ServeSettings, datastore: Datastore, clock: Clock) -> _Runnable:
-    from epp.picker.scrape.refresher import MetricsRefresher
+    from epp.picker.scrape.refresher import MetricsRefresher, PageReading, ScrapePacing, ScrapeTarget
 
     return MetricsRefresher(
         datastore,
         clock,
-        interval_s=settings.refresh_metrics_interval_s,
-        scheme=settings.model_server_metrics_scheme,
-        port=settings.model_server_metrics_port,
-        path=settings.model_server_metrics_path,
-        insecure_skip_verify=settings.model_server_metrics_insecure_skip_verify,
+        ScrapePacing(interval_s=settings.refresh_metrics_interval_s),
+        target=ScrapeTarget(
+            scheme=settings.model_server_metrics_scheme,
+            port=settings.model_server_metrics_port,
+            path=settings.model_server_metrics_path,
+            insecure_skip_verify=settings.model_server_metrics_insecure_skip_verify,
+        ),
+        reading=PageReading(names=settings.metric_names),
     )
 
 
@@ -472,4 +453,4 @@ def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | Non
     )
 
 
-__all__ = ["BoundPorts", "Extensions", "configure_parser", "run", "serve"]
+__all__ = ["BoundPorts", "configure_parser", "run", "serve"]

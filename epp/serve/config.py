@@ -8,6 +8,7 @@ still sees queue changes well within one request's lifetime.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from epp.cliutil import add_bool_flag, parse_duration
 from epp.errors import ConfigError
 from epp.picker import wire
 from epp.picker.extproc.stream import BodyMode
+from epp.picker.scrape.parse import DEFAULT_NAMES, MetricNames
 
 POLICIES = ("default", "round-robin", "random", "least-queue", "gie-v0.3", "gie-v1")
 DEFAULT_POOL_GROUP = "inference.networking.k8s.io"
@@ -53,6 +55,7 @@ class ServeSettings:
     model_server_metrics_path: str = "/metrics"
     model_server_metrics_scheme: str = "http"
     model_server_metrics_insecure_skip_verify: bool = True
+    metric_names: MetricNames = DEFAULT_NAMES
     body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
     ha_enable_leader_election: bool = False
     max_request_body_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -105,6 +108,26 @@ def _non_negative_duration(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"duration must be zero or positive, got {text!r}")
     return value
+
+
+# Upstream's flag → `MetricNames` field: the vLLM sample names a model server's page is read by.
+_METRIC_NAME_FLAGS = (
+    ("--total-queued-requests-metric", "waiting", "waiting-requests gauge"),
+    ("--total-running-requests-metric", "running", "running-requests gauge"),
+    ("--kv-cache-usage-percentage-metric", "kv_usage", "KV-cache usage gauge (0..1)"),
+    ("--lora-info-metric", "lora_info", "LoRA adapters gauge"),
+    ("--cache-info-metric", "cache_info", "cache configuration info gauge"),
+)
+
+
+def _metric_names(args: argparse.Namespace) -> MetricNames:
+    chosen = {
+        name: getattr(args, flag.removeprefix("--").replace("-", "_")) for flag, name, _ in _METRIC_NAME_FLAGS
+    }
+    try:
+        return dataclasses.replace(DEFAULT_NAMES, **chosen)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def _body_mode(text: str) -> BodyMode:
@@ -277,6 +300,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default="http",
         help="scheme for scraping model servers (default http)",
     )
+    for flag, field_name, what in _METRIC_NAME_FLAGS:
+        metrics.add_argument(
+            flag,
+            default=getattr(DEFAULT_NAMES, field_name),
+            metavar="NAME",
+            help=f"sample name of the model servers' {what} (default %(default)s)",
+        )
     add_bool_flag(
         parser,
         "--model-server-metrics-https-insecure-skip-verify",
@@ -353,6 +383,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         model_server_metrics_path=args.model_server_metrics_path,
         model_server_metrics_scheme=args.model_server_metrics_scheme,
         model_server_metrics_insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify,
+        metric_names=_metric_names(args),
         body_mode=args.body_mode,
         ha_enable_leader_election=args.ha_enable_leader_election,
         max_request_body_bytes=args.max_request_body_bytes,

@@ -326,4 +326,4 @@ async def test_a_failed_hold_releases_the_request_in_the_scheduler(pods: dict[st
     finally:
         await loader.close()
     assert caught.value.http_status == 503
-    assert scheduler.completed == [("r2", decision.primary.name, False)]
+    assert scheduler.completed == [("r2", decision.primary.name)]

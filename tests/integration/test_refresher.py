@@ -23,7 +23,7 @@ from aiohttp import web
 from epp.clock import FakeClock, SystemClock
 from epp.picker.datastore import Datastore, EndpointState, PodInfo, Pool
 from epp.picker.scrape.parse import parse_metrics
-from epp.picker.scrape.refresher import MetricsRefresher
+from epp.picker.scrape.refresher import MetricsRefresher, ScrapePacing
 
 pytestmark = pytest.mark.integration
 
@@ -193,7 +193,7 @@ async def test_metrics_arrive_and_failures_are_recorded(farm: PodFarm) -> None:
             "binary": "binary",
         },
     )
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S, timeout_s=1.0)
+    refresher = MetricsRefresher(datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S, timeout_s=1.0))
     async with running(refresher):
         failing = ("hung", "error", "garbage", "huge", "binary")
         await eventually(
@@ -237,7 +237,9 @@ async def test_metrics_arrive_and_failures_are_recorded(farm: PodFarm) -> None:
 async def test_a_hung_endpoint_does_not_delay_the_others(farm: PodFarm) -> None:
     datastore = await start_farm(farm, {"hung": "hang", "busy": "busy", "plain": "no-lora"})
     # The hung fetch's deadline is far beyond the test: it stays in flight throughout.
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S, timeout_s=60.0)
+    refresher = MetricsRefresher(
+        datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S, timeout_s=60.0)
+    )
     async with running(refresher):
         await eventually(lambda: farm.pods["hung"].requests == 1, "the hung pod received its request")
         await eventually(
@@ -251,7 +253,7 @@ async def test_a_hung_endpoint_does_not_delay_the_others(farm: PodFarm) -> None:
 
 async def test_removed_endpoint_is_no_longer_scraped(farm: PodFarm) -> None:
     datastore = await start_farm(farm, {"gone": "busy", "kept": "busy"})
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S)
+    refresher = MetricsRefresher(datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S))
     async with running(refresher):
         await eventually(lambda: farm.pods["gone"].requests >= 2, "the pod is being scraped")
         datastore.delete_pod("ns", "gone")
@@ -268,7 +270,7 @@ async def test_removed_endpoint_is_no_longer_scraped(farm: PodFarm) -> None:
 
 async def test_readdressed_endpoint_is_scraped_at_its_new_address(farm: PodFarm) -> None:
     datastore = await start_farm(farm, {"moving": "busy", "target": "no-lora"})
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S)
+    refresher = MetricsRefresher(datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S))
     async with running(refresher):
         await eventually(lambda: state(datastore, "moving").metrics is not None, "first address scraped")
         # The pod is recreated under the same name with the other server's IP.
@@ -282,7 +284,7 @@ async def test_readdressed_endpoint_is_scraped_at_its_new_address(farm: PodFarm)
 
 async def test_each_scrape_builds_on_the_previous_one(farm: PodFarm) -> None:
     datastore = await start_farm(farm, {"pod": "then-idle"})
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S)
+    refresher = MetricsRefresher(datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S))
     async with running(refresher):
         await eventually(lambda: farm.pods["pod"].requests >= 3, "several scrapes")
         await eventually(lambda: refresher.stats()["pod-rank-0"].scrapes_ok >= 3, "several scrapes parsed")
@@ -294,7 +296,7 @@ async def test_each_scrape_builds_on_the_previous_one(farm: PodFarm) -> None:
 
 async def test_recovery_is_logged_once_each_way(farm: PodFarm, caplog: pytest.LogCaptureFixture) -> None:
     datastore = await start_farm(farm, {"flaky": "flaky"})
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S)
+    refresher = MetricsRefresher(datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S))
     with caplog.at_level(logging.INFO, logger="epp.picker.scrape.refresher"):
         async with running(refresher):
             await eventually(lambda: state(datastore, "flaky").metrics is not None, "recovered pod scraped")
@@ -314,7 +316,9 @@ async def test_recovery_is_logged_once_each_way(farm: PodFarm, caplog: pytest.Lo
 
 async def test_cancel_leaves_no_task_behind(farm: PodFarm) -> None:
     datastore = await start_farm(farm, {"a": "busy", "b": "hang", "c": "endless"})
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S, timeout_s=60.0)
+    refresher = MetricsRefresher(
+        datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S, timeout_s=60.0)
+    )
     task = asyncio.create_task(refresher.run())
     await eventually(lambda: len(refresher_tasks()) == 3 and farm.pods["b"].requests == 1, "all pods scraped")
     task.cancel()
@@ -329,7 +333,7 @@ async def test_cancel_leaves_no_task_behind(farm: PodFarm) -> None:
 
 async def test_run_twice_at_once_is_refused(farm: PodFarm) -> None:
     datastore = await start_farm(farm, {"a": "busy"})
-    refresher = MetricsRefresher(datastore, SystemClock(), interval_s=INTERVAL_S)
+    refresher = MetricsRefresher(datastore, SystemClock(), ScrapePacing(interval_s=INTERVAL_S))
     async with running(refresher):
         await eventually(lambda: "a-rank-0" in refresher.stats(), "first run started")
         with pytest.raises(RuntimeError, match="already running"):
@@ -368,7 +372,9 @@ async def test_scrape_schedule(
 ) -> None:
     datastore = await start_farm(farm, {"pod": behaviour})
     clock = RecordingClock(limit=len(expected_sleeps_s))
-    refresher = MetricsRefresher(datastore, clock, interval_s=0.1, backoff_cap_s=1.0, rng=random.Random(3))
+    refresher = MetricsRefresher(
+        datastore, clock, ScrapePacing(interval_s=0.1, backoff_cap_s=1.0), rng=random.Random(3)
+    )
     async with running(refresher):
         await asyncio.wait_for(clock.parked.wait(), WAIT_LIMIT_S)
     assert len(clock.sleeps_s) == len(expected_sleeps_s)

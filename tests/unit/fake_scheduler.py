@@ -28,7 +28,7 @@ class FakeScheduler:
     name: str = "fake"
     scheduled: list[tuple[LLMRequest, tuple[str, ...]]] = field(default_factory=list)
     routed: list[tuple[str, str]] = field(default_factory=list)  # (request_id, primary name)
-    completed: list[tuple[str, str, bool]] = field(default_factory=list)  # (request_id, endpoint, ok)
+    completed: list[tuple[str, str]] = field(default_factory=list)  # (request_id, endpoint)
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
@@ -42,8 +42,8 @@ class FakeScheduler:
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
         self.routed.append((request.request_id, result.primary.name))
 
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float, *, ok: bool) -> None:
-        self.completed.append((request.request_id, endpoint_name, ok))
+    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
+        self.completed.append((request.request_id, endpoint_name))
 
 
 def pool_datastore(

@@ -187,3 +187,19 @@ def test_observability_flags(argv: list[str], environ: dict[str, str], expected:
 def test_decision_log_size_is_bounded(size: str) -> None:
     with pytest.raises((SystemExit, ConfigError)):
         parse(["--pool-name", "p", "--decision-log-size", size])
+
+
+def test_upstream_metric_name_flags_choose_what_the_scraper_reads() -> None:
+    s = parse(
+        [
+            "--pool-name",
+            "p",
+            "--total-queued-requests-metric",
+            "sglang:num_queue_reqs",
+            "--lora-info-metric=x:lora",
+        ]
+    )
+    assert (s.metric_names.waiting, s.metric_names.lora_info) == ("sglang:num_queue_reqs", "x:lora")
+    assert s.metric_names.running == "vllm:num_requests_running"  # the others keep vLLM's names
+    with pytest.raises(ConfigError, match="must not be empty"):
+        parse(["--pool-name", "p", "--kv-cache-usage-percentage-metric", ""])

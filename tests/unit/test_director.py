@@ -273,15 +273,15 @@ def test_admission_shed_stops_scheduling() -> None:
 @pytest.mark.parametrize(
     ("served", "status", "expected"),
     [
-        (None, 200, ("r", "pod-0-rank-0", True)),
-        ("10.0.0.2:8000", 200, ("r", "pod-1-rank-0", True)),
-        ("10.0.0.2:8000", 503, ("r", "pod-1-rank-0", False)),
-        ("10.9.9.9:8000", 200, ("r", "pod-0-rank-0", True)),
+        (None, 200, ("r", "pod-0-rank-0")),
+        ("10.0.0.2:8000", 200, ("r", "pod-1-rank-0")),
+        ("10.0.0.2:8000", 503, ("r", "pod-1-rank-0")),
+        ("10.9.9.9:8000", 200, ("r", "pod-0-rank-0")),
     ],
     ids=["primary", "served-fallback", "server-error", "served-unknown"],
 )
 def test_completion_reports_served_endpoint(
-    served: str | None, status: int, expected: tuple[str, str, bool]
+    served: str | None, status: int, expected: tuple[str, str]
 ) -> None:
     director, scheduler = make_director()
     decision = director.route(request_id="r", headers={}, body=b'{"model":"m"}')

@@ -1,4 +1,5 @@
-"""The EPP's own Prometheus metrics, under the names upstream dashboards expect (spec Appendix B).
+"""The EPP's own Prometheus metrics, under the names upstream dashboards expect (those of the
+Gateway API Inference Extension's EPP).
 
 `EppMetrics` owns every metric in one registry (a fresh one per test, the process default in
 `epp serve`). Request metrics are written once per finished stream (`record_stream`), decision

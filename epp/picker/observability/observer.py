@@ -230,5 +230,5 @@ class _ObservedScheduler:
         self._inner.on_routed(request, result, now)
         self._observer._routed(request)
 
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float, *, ok: bool) -> None:
-        self._inner.on_completed(request, endpoint_name, now, ok=ok)
+    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
+        self._inner.on_completed(request, endpoint_name, now)

@@ -20,6 +20,9 @@ from epp.picker.scheduling.plugins import KINDS, PluginKind
 
 API_VERSIONS = frozenset({"inference.networking.x-k8s.io/v1alpha1", "inference.networking.k8s.io/v1alpha1"})
 KIND = "EndpointPickerConfig"
+# Accepted so upstream files load unchanged, but not applied: the EPP's flow control, data layer,
+# request parsers and feature gates are its own.
+IGNORED_SECTIONS = ("featureGates", "dataLayer", "flowControl", "parser")
 _TOP_LEVEL = frozenset(
     {
         "apiVersion",
@@ -74,6 +77,8 @@ class PickerConfig:
     profiles: tuple[ProfileSpec, ...]
     feature_gates: tuple[str, ...] = ()
     saturation_detector_ref: str | None = None
+    # Top-level sections upstream defines that this EPP accepts and does not apply (logged once).
+    ignored: tuple[str, ...] = ()
 
     def plugin(self, name: str) -> PluginSpec:
         for spec in self.plugins:
@@ -209,7 +214,11 @@ def load_config(text: str) -> PickerConfig:
             profile = ProfileSpec(profile.name, (*profile.plugins, ProfileEntry(picker_name)))
         defaulted.append(profile)
     return PickerConfig(
-        plugins=plugins, profiles=tuple(defaulted), feature_gates=gates, saturation_detector_ref=detector_ref
+        plugins=plugins,
+        profiles=tuple(defaulted),
+        feature_gates=gates,
+        saturation_detector_ref=detector_ref,
+        ignored=tuple(name for name in IGNORED_SECTIONS if doc.get(name)),
     )
 
 

@@ -234,7 +234,7 @@ class ProfileScheduler:
         for observer in self._observers:
             observer.on_routed(request, result.primary, now)
 
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float, *, ok: bool) -> None:
+    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
         routed_to = self.state.inflight.remove(request.request_id)
         self.state.residency.on_completed(routed_to or endpoint_name)
 

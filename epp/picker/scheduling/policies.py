@@ -102,7 +102,7 @@ class _Baseline:
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
         self.state.inflight.add(request.request_id, result.primary.name, request.target_model, now)
 
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float, *, ok: bool) -> None:
+    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
         self.state.inflight.remove(request.request_id)
 
 

@@ -25,6 +25,8 @@ from epp.picker.scheduling.inflight import InflightTracker
 
 @dataclass(frozen=True, slots=True)
 class ResidencyParams:
+    """The model's own tuning, fixed in `epp serve` (no flag or config key sets it; tests vary it)."""
+
     default_max_lora: int = 4  # GPU slots assumed until a scrape reports max_lora
     default_max_cpu_lora: int = 0  # CPU-tier size; 0 = same as the GPU slot count (vLLM's default)
     confidence_gap_s: float = 10.0  # a scrape gap longer than this halves confidence in idle entries

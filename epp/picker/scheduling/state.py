@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from epp.picker.scheduling.inflight import InflightTracker
 from epp.picker.scheduling.popularity import AdapterPopularity
-from epp.picker.scheduling.residency import ResidencyModel, ResidencyParams
+from epp.picker.scheduling.residency import ResidencyModel
 
 
 @dataclass(slots=True)
@@ -21,11 +21,10 @@ class SchedulerState:
     inflight: InflightTracker = field(default_factory=InflightTracker)
     popularity: AdapterPopularity = field(default_factory=AdapterPopularity)
     residency: ResidencyModel = field(init=False)
-    residency_params: ResidencyParams = field(default_factory=ResidencyParams)
     base_models: frozenset[str] = frozenset()  # names that are the base model, not an adapter
 
     def __post_init__(self) -> None:
-        self.residency = ResidencyModel(self.inflight, self.residency_params)
+        self.residency = ResidencyModel(self.inflight)
 
     @classmethod
     def create(cls, *, seed: int | None, staleness_threshold_s: float) -> SchedulerState:

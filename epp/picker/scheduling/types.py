@@ -71,5 +71,5 @@ class Scheduler(Protocol):
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
         """The request was sent to `result.primary` (update residency, prefix index, in-flight)."""
 
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float, *, ok: bool) -> None:
+    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
         """The request finished on `endpoint_name` (served endpoint when known)."""

@@ -65,56 +65,83 @@ class _EndpointScraper:
     reachable: bool | None = None  # None until the first attempt finishes
 
 
-class MetricsRefresher:
-    """Keeps each endpoint's `Metrics` in the datastore fresh by scraping it every `interval_s`.
+@dataclass(frozen=True, slots=True)
+class ScrapeTarget:
+    """Where an endpoint's metrics page is: `scheme://ip:port/path`, IPv6 in brackets.
 
-    `port` overrides the endpoint's port (a metrics port apart from the serving one); the URL
-    is `scheme://ip:port/path` with IPv6 in brackets. `timeout_s` bounds a whole fetch (connect,
-    headers, body). `run()` scrapes until cancelled and leaves no task behind.
+    `port` overrides the endpoint's own (a metrics port apart from the serving one).
     """
+
+    scheme: str = "http"
+    port: int | None = None
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True  # https without certificate verification
+
+    def __post_init__(self) -> None:
+        if self.scheme not in ("http", "https"):
+            raise ConfigError(f"metrics scheme must be http or https, got {self.scheme!r}")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ConfigError(f"metrics port must be in 1..65535, got {self.port!r}")
+        if not self.path.startswith("/"):
+            raise ConfigError(f"metrics path must start with '/', got {self.path!r}")
+
+    def url(self, endpoint: Endpoint) -> str:
+        port = self.port if self.port is not None else endpoint.port
+        return f"{self.scheme}://{format_address(endpoint.ip, port)}{self.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapePacing:
+    """How often and how patiently: one scrape per `interval_s`, each bounded by `timeout_s`
+    (connect, headers, body) and `max_body_bytes`; a failing endpoint backs off up to `backoff_cap_s`."""
+
+    interval_s: float
+    timeout_s: float = 5.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    backoff_cap_s: float = DEFAULT_BACKOFF_CAP_S
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ConfigError(f"metrics scrape interval must be positive, got {self.interval_s!r} s")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"metrics scrape timeout must be positive, got {self.timeout_s!r} s")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"metrics body limit must be positive, got {self.max_body_bytes!r} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class PageReading:
+    """How a page is read: which sample names mean what, and the base model's served name."""
+
+    names: MetricNames = DEFAULT_NAMES
+    served_model_name: str | None = None
+
+
+class MetricsRefresher:
+    """Keeps each endpoint's `Metrics` in the datastore fresh by scraping it at the pacing's
+    interval. `run()` scrapes until cancelled and leaves no task behind."""
 
     def __init__(
         self,
         datastore: Datastore,
         clock: Clock,
+        pacing: ScrapePacing,
         *,
-        interval_s: float,
-        timeout_s: float = 5.0,
-        scheme: str = "http",
-        port: int | None = None,
-        path: str = "/metrics",
-        insecure_skip_verify: bool = True,
-        served_model_name: str | None = None,
-        metric_names: MetricNames = DEFAULT_NAMES,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        backoff_cap_s: float = DEFAULT_BACKOFF_CAP_S,
+        target: ScrapeTarget = ScrapeTarget(),
+        reading: PageReading = PageReading(),
         rng: random.Random | None = None,
     ) -> None:
-        if not interval_s > 0:
-            raise ConfigError(f"metrics scrape interval must be positive, got {interval_s!r} s")
-        if not timeout_s > 0:
-            raise ConfigError(f"metrics scrape timeout must be positive, got {timeout_s!r} s")
-        if scheme not in ("http", "https"):
-            raise ConfigError(f"metrics scheme must be http or https, got {scheme!r}")
-        if port is not None and not 0 < port < 65536:
-            raise ConfigError(f"metrics port must be in 1..65535, got {port!r}")
-        if not path.startswith("/"):
-            raise ConfigError(f"metrics path must start with '/', got {path!r}")
-        if max_body_bytes < 1:
-            raise ConfigError(f"metrics body limit must be positive, got {max_body_bytes!r} bytes")
         self._datastore = datastore
         self._clock = clock
-        self._interval_s = interval_s
-        self._timeout_s = timeout_s
-        self._scheme = scheme
-        self._port = port
-        self._path = path
+        self._pacing = pacing
+        self._target = target
+        self._reading = reading
         # aiohttp: ssl=False skips certificate verification, True verifies with the default context.
-        self._ssl = not insecure_skip_verify
-        self._served_model_name = served_model_name
-        self._metric_names = metric_names
-        self._max_body_bytes = max_body_bytes
-        self._backoff = Backoff(base_s=interval_s, cap_s=max(backoff_cap_s, interval_s), floor_s=interval_s)
+        self._ssl = not target.insecure_skip_verify
+        interval_s = pacing.interval_s
+        self._backoff = Backoff(
+            base_s=interval_s, cap_s=max(pacing.backoff_cap_s, interval_s), floor_s=interval_s
+        )
         self._rng = rng if rng is not None else random.Random()
         self._session: aiohttp.ClientSession | None = None
         self._group: asyncio.TaskGroup | None = None
@@ -128,7 +155,7 @@ class MetricsRefresher:
         if self._group is not None:
             raise RuntimeError("MetricsRefresher.run is already running")
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=1)
-        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self._pacing.timeout_s)
         try:
             async with (
                 aiohttp.ClientSession(
@@ -153,8 +180,7 @@ class MetricsRefresher:
         return MappingProxyType({name: scraper.stats for name, (scraper, _) in self._scrapers.items()})
 
     def url_for(self, endpoint: Endpoint) -> str:
-        port = self._port if self._port is not None else endpoint.port
-        return f"{self._scheme}://{format_address(endpoint.ip, port)}{self._path}"
+        return self._target.url(endpoint)
 
     # -- endpoint tasks --------------------------------------------------------------------
 
@@ -181,12 +207,12 @@ class MetricsRefresher:
     async def _scrape_loop(self, scraper: _EndpointScraper) -> None:
         # After the first scrape each endpoint is shifted by a random phase, so a large pool's
         # scrapes (and their parse CPU) spread over the interval instead of arriving together.
-        phase_s = self._rng.uniform(0.0, self._interval_s)
+        phase_s = self._rng.uniform(0.0, self._pacing.interval_s)
         while True:
             started = self._clock.now()
             ok = await self._scrape_once(scraper)
             if ok:
-                delay_s = started + self._interval_s + phase_s - self._clock.now()
+                delay_s = started + self._pacing.interval_s + phase_s - self._clock.now()
                 phase_s = 0.0
             else:
                 delay_s = self._backoff.delay_s(scraper.stats.consecutive_failures, self._rng)
@@ -202,8 +228,8 @@ class MetricsRefresher:
             metrics = parse_metrics(
                 body.decode("utf-8"),
                 self._clock.now(),
-                served_model_name=self._served_model_name,
-                names=self._metric_names,
+                served_model_name=self._reading.served_model_name,
+                names=self._reading.names,
                 previous=scraper.metrics,
             )
         except (ScrapeFailed, MetricsParseError) as err:
@@ -225,23 +251,29 @@ class MetricsRefresher:
             async with session.get(url, ssl=self._ssl, allow_redirects=False) as response:
                 if response.status != 200:
                     raise ScrapeFailed(f"HTTP {response.status} from {url}")
-                if response.content_length is not None and response.content_length > self._max_body_bytes:
+                if (
+                    response.content_length is not None
+                    and response.content_length > self._pacing.max_body_bytes
+                ):
                     raise ScrapeFailed(self._too_large_message(response.content_length))
                 chunks: list[bytes] = []
                 received = 0
                 async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
                     received += len(chunk)
-                    if received > self._max_body_bytes:
+                    if received > self._pacing.max_body_bytes:
                         raise ScrapeFailed(self._too_large_message(received))
                     chunks.append(chunk)
                 return b"".join(chunks)
         except TimeoutError as err:
-            raise ScrapeFailed(f"no complete response from {url} within {self._timeout_s:g} s") from err
+            raise ScrapeFailed(
+                f"no complete response from {url} within {self._pacing.timeout_s:g} s"
+            ) from err
         except aiohttp.ClientError as err:
             raise ScrapeFailed(f"{type(err).__name__} from {url}: {err}") from err
 
     def _too_large_message(self, size_bytes: int) -> str:
-        return f"metrics body of at least {size_bytes} bytes exceeds the {self._max_body_bytes}-byte limit"
+        limit = self._pacing.max_body_bytes
+        return f"metrics body of at least {size_bytes} bytes exceeds the {limit}-byte limit"
 
     # -- outcomes --------------------------------------------------------------------------
 

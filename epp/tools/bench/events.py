@@ -153,7 +153,7 @@ def simulate(
         if kind == _STEP_END:
             steps += 1
             for done in pods[i].end_step(now):
-                sched.on_completed(in_flight.pop(done.index), done.pod, now, ok=True)
+                sched.on_completed(in_flight.pop(done.index), done.pod, now)
             start_step(i, now)
         else:
             scrapes += 1

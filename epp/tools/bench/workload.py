@@ -163,7 +163,7 @@ def generate(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     return requests
 
 
-_CHARS_PER_TOKEN = 4  # the prefix scorer's own approximation (scheduling.md §3.1)
+_CHARS_PER_TOKEN = 4  # the prefix scorer's own approximation
 _PROMPT_CHAR_LIMIT = 64 * 256  # the prefix scorer reads at most 256 blocks of 64 characters
 
 

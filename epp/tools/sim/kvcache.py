@@ -1,6 +1,6 @@
 """Per-adapter prefix cache over fixed-size KV blocks, bounded by the KV capacity (LRU).
 
-Models what vLLM measures (spec: vllm-metrics.md §5): only whole blocks hit, at least one prompt
+Models what vLLM 0.32.0 counts as prefix-cache hits: only whole blocks hit, at least one prompt
 token is always computed, and the block-hash chain is seeded with the adapter, so the same prompt
 on another adapter (or the base) never hits. Pure: no time, no I/O.
 """

@@ -332,7 +332,8 @@ class SimMetrics:
 
     # ---- observations ---------------------------------------------------------------------
     def observe_stats(self, stats: EngineStats) -> None:
-        """Scheduler gauges and, per engine step, the LoRA in-flight combination (vLLM's quirks, §3)."""
+        """Scheduler gauges and, per engine step, the LoRA in-flight combination (vLLM 0.32.0's
+        quirks, as its captured /metrics show them)."""
         b = self._base
         self.running.labels(**b).set(stats.running)
         self.waiting.labels(**b).set(stats.waiting)

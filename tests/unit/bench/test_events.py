@@ -69,7 +69,7 @@ def test_scheduler_sees_only_scraped_metrics() -> None:
         def on_routed(self, request, result, now):  # type: ignore[no-untyped-def]
             pass
 
-        def on_completed(self, request, endpoint_name, now, *, ok):  # type: ignore[no-untyped-def]
+        def on_completed(self, request, endpoint_name, now):  # type: ignore[no-untyped-def]
             pass
 
     class AdmitAll:

@@ -445,7 +445,7 @@ def test_non_streaming_response_is_buffered_and_returned_in_chunks() -> None:
     h.handler.close()
     assert h.records[0].usage == Usage(5, 9, 14)
     assert h.records[0].response_status == 200
-    assert h.scheduler.completed == [("r", "pod-0-rank-0", True)]
+    assert h.scheduler.completed == [("r", "pod-0-rank-0")]
 
 
 def test_sse_chunks_are_echoed_at_once_and_usage_read_across_chunks() -> None:
@@ -470,13 +470,12 @@ def test_served_endpoint_and_server_error_reach_the_scheduler() -> None:
     route(h)
     h.send(response_headers_message({":status": "503"}, served="10.0.0.2:8000"))
     h.send(response_body_message(b"overloaded", True))
-    assert h.scheduler.completed == [
-        ("r", "pod-1-rank-0", False)
-    ]  # at response end, before the stream closes
+    assert h.scheduler.completed == [("r", "pod-1-rank-0")]  # at response end, before the stream closes
     h.handler.close()
     h.handler.close()  # idempotent
-    assert h.scheduler.completed == [("r", "pod-1-rank-0", False)]
+    assert h.scheduler.completed == [("r", "pod-1-rank-0")]
     assert len(h.records) == 1
+    assert h.records[0].response_status == 503 and h.records[0].served_address == "10.0.0.2:8000"
 
 
 @pytest.mark.parametrize(
@@ -538,7 +537,7 @@ def test_a_request_waits_for_its_access_log_entry_when_the_gateway_sends_one() -
         status=503, served_address="10.0.0.2:8000", response_body_bytes=9, duration_s=1.5, ttft_s=0.2
     )
     assert completions.on_entry(key, entry)
-    assert h.scheduler.completed == [("r", "pod-1-rank-0", False)]  # the endpoint that answered
+    assert h.scheduler.completed == [("r", "pod-1-rank-0")]  # the endpoint that answered
     [record] = h.records
     assert record.finished_by is FinishedBy.ACCESS_LOG
     assert (record.response_status, record.response_body_bytes) == (503, 9)
@@ -551,7 +550,7 @@ def test_without_an_access_log_the_request_finishes_when_its_stream_ends() -> No
     h = Harness(completions=completions)
     key = metadata_key(route_request_only(h)[0])
     h.handler.close()
-    assert h.scheduler.completed == [("r", "pod-0-rank-0", True)]
+    assert h.scheduler.completed == [("r", "pod-0-rank-0")]
     assert h.records[0].finished_by is FinishedBy.STREAM_END
     assert not completions.on_entry(key, Completion(200, None))  # nothing waits for it any more
 
@@ -565,7 +564,7 @@ def test_an_entry_that_never_comes_expires() -> None:
     h.handler.close()
     clock.advance(6.0)
     completions.expire()
-    assert h.scheduler.completed == [("r", "pod-0-rank-0", True)]
+    assert h.scheduler.completed == [("r", "pod-0-rank-0")]
     assert h.records[0].finished_by is FinishedBy.EXPIRED
 
 

@@ -9,14 +9,18 @@ import pytest
 from epp.clock import FakeClock
 from epp.errors import ConfigError
 from epp.picker.datastore import Datastore, Endpoint
-from epp.picker.scrape.refresher import MetricsRefresher
+from epp.picker.scrape.refresher import MetricsRefresher, ScrapePacing, ScrapeTarget
+
+_PACING = ("interval_s", "timeout_s", "max_body_bytes", "backoff_cap_s")
 
 
 def refresher(**kwargs: Any) -> MetricsRefresher:
-    settings: dict[str, Any] = {"interval_s": 0.1}
-    settings.update(kwargs)
+    """A refresher with `kwargs` sorted into its pacing (interval, timeout, limits) and its target."""
+    pacing: dict[str, Any] = {"interval_s": 0.1}
+    pacing.update({k: v for k, v in kwargs.items() if k in _PACING})
+    target = {k: v for k, v in kwargs.items() if k not in _PACING}
     clock = FakeClock()
-    return MetricsRefresher(Datastore(clock), clock, **settings)
+    return MetricsRefresher(Datastore(clock), clock, ScrapePacing(**pacing), target=ScrapeTarget(**target))
 
 
 def endpoint(ip: str, port: int = 8000) -> Endpoint:

@@ -162,7 +162,7 @@ def run_sim(
             served += 1
         for p in sim_pods:
             for request in p.step(now, service_s):
-                scheduler.on_completed(request, p.endpoint().name, now, ok=True)
+                scheduler.on_completed(request, p.endpoint().name, now)
                 completed += 1
             max_queue = max(max_queue, len(p.queue))
         if step >= steps and completed == served:

@@ -37,7 +37,7 @@ def _route(scheduler: ProfileScheduler, states: list[EndpointState], model: str,
     request = _request(model, i)
     result = scheduler.schedule(request, [states[pod]], snapshot_of(states, NOW), NOW)
     scheduler.on_routed(request, result, NOW)
-    scheduler.on_completed(request, result.primary.name, NOW, ok=True)
+    scheduler.on_completed(request, result.primary.name, NOW)
 
 
 @pytest.mark.parametrize(
@@ -259,7 +259,7 @@ def test_waiter_gets_the_slot_when_the_drained_adapter_finishes() -> None:
     pod = residency.pod("pod-0-rank-0")
     assert pod is not None and list(pod.waiters) == ["rare"]
     h2_request, h2_result = requests[1]
-    scheduler.on_completed(h2_request, h2_result.primary.name, NOW + 1.0, ok=True)
+    scheduler.on_completed(h2_request, h2_result.primary.name, NOW + 1.0)
     assert list(pod.gpu) == ["h1", "rare"]
     assert not pod.waiters
     h2 = scheduler.schedule(_request("h2", 40), states, snapshot_of(states, NOW), NOW + 1.0)

@@ -10,7 +10,7 @@ from epp.picker.scheduling.config import load_config, weights_from_scoring_weigh
 from epp.picker.scheduling.framework import ProfileScheduler
 from epp.picker.scheduling.plugins import PluginKind
 
-# The LoRA-first sample of the project's scheduling spec (§4), verbatim.
+# A LoRA-first EndpointPickerConfig as a user writes one.
 GIE_SAMPLE = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -176,3 +176,13 @@ def test_policies_by_name() -> None:
         assert build_scheduler(policy=name, seed=0).name == name
     with pytest.raises(ConfigError, match="unknown scheduling policy 'nope'"):
         build_scheduler(policy="nope")
+
+
+def test_upstream_sections_this_epp_does_not_apply_are_named() -> None:
+    text = (
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "featureGates: [dataLayer]\nflowControl: {maxBytes: 1000}\nparser: {}\n"
+        "plugins:\n- type: queue-scorer\n"
+    )
+    assert load_config(text).ignored == ("featureGates", "flowControl")  # an empty section is nothing
+    assert load_config("plugins:\n- type: queue-scorer\n").ignored == ()

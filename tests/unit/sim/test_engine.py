@@ -202,7 +202,8 @@ def test_plan_and_finish_must_alternate() -> None:
 
 
 def test_real_busy_run_shape() -> None:
-    """The captured busy run (spec §3): 4 each on lora-0..3 and 2 on base, max-loras 2, max-num-seqs 8."""
+    """The captured busy run (tests/fixtures/vllm-0.32.0/busy.txt): 4 each on lora-0..3 and 2 on base,
+    max-loras 2, max-num-seqs 8."""
     engine = Engine(EngineConfig(max_loras=2, max_cpu_loras=4, max_num_seqs=8))
     for adapter in ["lora-0", "lora-1", "lora-2", "lora-3"]:
         for i in range(4):

@@ -1,4 +1,4 @@
-"""Prefix cache: whole blocks, per adapter, bounded by capacity (spec: vllm-metrics.md §5)."""
+"""Prefix cache: whole blocks, per adapter, bounded by capacity (as vLLM 0.32.0 counts hits)."""
 
 from __future__ import annotations
 
