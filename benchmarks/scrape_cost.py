@@ -1,10 +1,11 @@
 """CPU cost of parsing one vLLM `/metrics` page: a full `prometheus_client` parse vs ours.
 
-Run:  .venv/bin/python benchmarks/scrape_cost.py [--repeat 200] [--interval-ms 50 100 200]
+Run:  .venv/bin/python -m benchmarks.scrape_cost [--repeat 200] [--interval-ms 50 100 200]
 
 For each real capture in `tests/fixtures/vllm-0.32.0/` it measures CPU time (time.process_time)
 per parse, averaged over `--repeat` parses in this process, for:
-  full      `parse_metrics_unfiltered`: the whole page through `text_string_to_metric_families`
+  full      `parse_metrics_unfiltered` (tests/support/reference_parse.py): the whole page through
+            `text_string_to_metric_families`
   ours      `parse_metrics`: substring filter, then the ≈ 11 needed lines; cache_config memoised
   ours-cold `parse_metrics` when the cache_config line is new every time (a restarted server)
   filter    `select_lines` alone
@@ -19,7 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from epp.picker.scrape.parse import parse_metrics, parse_metrics_unfiltered, select_lines
+from epp.picker.scrape.parse import parse_metrics, select_lines
+from tests.support.reference_parse import parse_metrics_unfiltered
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32.0"
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import random
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,20 +16,9 @@ import pytest
 
 from e2e.client import Reply, complete, complete_many
 from e2e.stack import Stack, finished_from_log, picks_from_log
+from tests.support.waiting import eventually_value
 
 T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.5) -> T:
-    """Call `probe` until it returns something other than None, for at most `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def _ok(replies: list[Reply]) -> list[Reply]:
@@ -48,7 +36,7 @@ def _settled(stack: Stack, *, count: int, avoid_pod: str = "", timeout_s: float 
             return replies
         return None
 
-    return eventually(probe, timeout_s=timeout_s, what=f"{count} clean requests in a row")
+    return eventually_value(probe, within_s=timeout_s, what=f"{count} clean requests in a row")
 
 
 # -- what the conformance suite checks -----------------------------------------------------------
@@ -93,7 +81,7 @@ def check_the_epp_learns_how_requests_end(stack: Stack) -> None:
         finished = dict(finished_from_log(stack.epp_log_lines()))
         return finished if all(request_id in finished for request_id in routed) else None
 
-    finished = eventually(probe, timeout_s=30, what="the EPP to log every request finished (--v=4)")
+    finished = eventually_value(probe, within_s=30, what="the EPP to log every request finished (--v=4)")
     for reply, request_id in zip(replies, routed, strict=True):
         entry = finished[request_id]
         assert entry["status"] == 200, entry
@@ -143,17 +131,17 @@ def check_applied_inference_model_takes_effect(stack: Stack) -> None:
     assert complete(stack.gateway_url, name).status == 404
     stack.apply_inference_model(name, name, [target])
     try:
-        reply = eventually(
+        reply = eventually_value(
             lambda: r if (r := complete(stack.gateway_url, name)).status == 200 else None,
-            timeout_s=30,
+            within_s=30,
             what=f"model {name} to be served",
         )
         assert reply.model == target, f"served as {reply.model!r}, want the target adapter {target!r}"
     finally:
         stack.delete_inference_model(name)
-    eventually(
+    eventually_value(
         lambda: True if complete(stack.gateway_url, name).status == 404 else None,
-        timeout_s=30,
+        within_s=30,
         what=f"model {name} to be unknown again",
     )
 

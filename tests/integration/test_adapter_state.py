@@ -27,19 +27,9 @@ from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.integration.conftest import _started, completion
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-WITHIN_S = 15.0
-
-
-def wait_until(predicate: Callable[[], bool], what: str, within_s: float = WITHIN_S) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {within_s}s")
 
 
 def debug_adapters(stack: LocalStack) -> dict[str, object]:

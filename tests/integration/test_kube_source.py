@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from epp.clock import SystemClock
 from epp.kube.watch import API_CALLS, KubeSource
 from epp.picker.datastore.store import Datastore
 from tests.fakekube.plugin import KubeEnv, needs_fake
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -75,16 +76,6 @@ def addresses(datastore: Datastore) -> set[str]:
     return {state.address for state in datastore.snapshot().endpoints}
 
 
-async def eventually(check: Callable[[], bool], within_s: float = 5.0, what: str = "") -> None:
-    """Poll `check` every 20 ms until it holds; fail after `within_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not check():
-        if loop.time() > deadline:
-            pytest.fail(f"not within {within_s}s: {what}")
-        await asyncio.sleep(0.02)
-
-
 @contextlib.asynccontextmanager
 async def running(env: KubeEnv, **kwargs: Any) -> AsyncIterator[tuple[Datastore, KubeSource]]:
     clock = SystemClock()
@@ -116,14 +107,22 @@ async def test_ready_pod_becomes_routable_and_leaves_when_deleted_or_unready(kub
     async with running(kube) as (datastore, _):
         assert addresses(datastore) == set()
         kube.put(pod(kube, "vllm-0", "10.0.0.1"))
-        await eventually(lambda: addresses(datastore) == {"10.0.0.1:8000"}, ROUTABLE_WITHIN_S, "pod routable")
+        await eventually(
+            lambda: addresses(datastore) == {"10.0.0.1:8000"}, "pod routable", within_s=ROUTABLE_WITHIN_S
+        )
         kube.put(pod(kube, "vllm-1", "10.0.0.2", ready=False))
         kube.put(pod(kube, "vllm-0", "10.0.0.1", ready=False))
-        await eventually(lambda: addresses(datastore) == set(), ROUTABLE_WITHIN_S, "unready pod gone")
+        await eventually(
+            lambda: addresses(datastore) == set(), "unready pod gone", within_s=ROUTABLE_WITHIN_S
+        )
         kube.put(pod(kube, "vllm-1", "10.0.0.2"))
-        await eventually(lambda: addresses(datastore) == {"10.0.0.2:8000"}, ROUTABLE_WITHIN_S, "second ready")
+        await eventually(
+            lambda: addresses(datastore) == {"10.0.0.2:8000"}, "second ready", within_s=ROUTABLE_WITHIN_S
+        )
         kube.delete("v1", "Pod", kube.namespace, "vllm-1")
-        await eventually(lambda: addresses(datastore) == set(), ROUTABLE_WITHIN_S, "deleted pod gone")
+        await eventually(
+            lambda: addresses(datastore) == set(), "deleted pod gone", within_s=ROUTABLE_WITHIN_S
+        )
 
 
 async def test_pods_outside_the_selector_are_ignored_until_the_selector_changes(kube: KubeEnv) -> None:
@@ -133,7 +132,9 @@ async def test_pods_outside_the_selector_are_ignored_until_the_selector_changes(
     async with running(kube) as (datastore, _):
         assert addresses(datastore) == {"10.0.0.1:8000"}
         kube.put(pool(kube, selector={"app": "other"}))
-        await eventually(lambda: addresses(datastore) == {"10.0.0.2:8000"}, what="resync to new selector")
+        await eventually(
+            lambda: addresses(datastore) == {"10.0.0.2:8000"}, "resync to new selector", within_s=5.0
+        )
 
 
 async def test_dropped_watch_recovers_without_a_stale_endpoint(kube: KubeEnv) -> None:
@@ -147,7 +148,9 @@ async def test_dropped_watch_recovers_without_a_stale_endpoint(kube: KubeEnv) ->
         kube.delete("v1", "Pod", kube.namespace, "a")  # while nobody watches
         kube.put(pod(kube, "c", "10.0.0.3"))
         await eventually(
-            lambda: addresses(datastore) == {"10.0.0.2:8000", "10.0.0.3:8000"}, what="recovered after drop"
+            lambda: addresses(datastore) == {"10.0.0.2:8000", "10.0.0.3:8000"},
+            "recovered after drop",
+            within_s=5.0,
         )
 
 
@@ -161,11 +164,13 @@ async def test_gone_relists_and_reconciles_deletions(kube: KubeEnv) -> None:
         kube.delete("v1", "Pod", kube.namespace, "a")
         kube.put(pod(kube, "b", "10.0.0.2"))
         fake.compact()  # the deletion is no longer in history: only a relist can see it
-        await eventually(lambda: addresses(datastore) == {"10.0.0.2:8000"}, what="relist after 410")
+        await eventually(lambda: addresses(datastore) == {"10.0.0.2:8000"}, "relist after 410", within_s=5.0)
         fake.expire_watches()  # a 410 ERROR event on open watches
         kube.put(pod(kube, "c", "10.0.0.3"))
         await eventually(
-            lambda: addresses(datastore) == {"10.0.0.2:8000", "10.0.0.3:8000"}, what="relist after ERROR 410"
+            lambda: addresses(datastore) == {"10.0.0.2:8000", "10.0.0.3:8000"},
+            "relist after ERROR 410",
+            within_s=5.0,
         )
 
 
@@ -174,14 +179,16 @@ async def test_bookmarks_advance_the_resource_version(kube: KubeEnv) -> None:
     kube.put(pool(kube))
     kube.put(pod(kube, "a", "10.0.0.1"))
     async with running(kube) as (datastore, _):
-        await eventually(lambda: fake.open_watches >= 4, what="watches open")
+        await eventually(lambda: fake.open_watches >= 4, "watches open", within_s=5.0)
         bookmark_rv = fake.bookmark()
         await asyncio.sleep(0.2)  # the bookmark reaches the watchers
         fake.compact()  # history before the bookmark is gone; a watch from an older RV would 410
         list_calls_before = sum(1 for call in fake.calls if call.verb == "list")
         fake.drop_watches()
         kube.put(pod(kube, "b", "10.0.0.2"))
-        await eventually(lambda: addresses(datastore) == {"10.0.0.1:8000", "10.0.0.2:8000"}, what="new pod")
+        await eventually(
+            lambda: addresses(datastore) == {"10.0.0.1:8000", "10.0.0.2:8000"}, "new pod", within_s=5.0
+        )
         watches_from_bookmark = [c for c in fake.calls if c.verb == "watch"]
         assert watches_from_bookmark
         assert sum(1 for call in fake.calls if call.verb == "list") == list_calls_before, (
@@ -209,7 +216,7 @@ async def test_model_name_conflict_writes_accepted_and_model_name_in_use(kube: K
 
     async with running(kube) as (datastore, _):
         await eventually(
-            lambda: condition("older") is not None and condition("newer") is not None, what="status"
+            lambda: condition("older") is not None and condition("newer") is not None, "status", within_s=5.0
         )
         older, newer = condition("older"), condition("newer")
         assert older is not None and newer is not None
@@ -227,14 +234,16 @@ async def test_model_name_conflict_writes_accepted_and_model_name_in_use(kube: K
         ]
         assert rv_after == rv_before, "status is patched only when it changes"
         kube.delete(MODEL_API, "InferenceModel", kube.namespace, "older")
-        await eventually(lambda: (condition("newer") or {}).get("status") == "True", what="newer takes over")
+        await eventually(
+            lambda: (condition("newer") or {}).get("status") == "True", "newer takes over", within_s=5.0
+        )
 
 
 async def test_invalid_object_emits_an_event_and_keeps_the_last_good_state(kube: KubeEnv) -> None:
     kube.put(pool(kube))
     kube.put(model(kube, "chat", "llama", targetModels=[{"name": "a", "weight": 10}]))
     async with running(kube) as (datastore, _):
-        await eventually(lambda: "llama" in datastore.snapshot().models, what="model served")
+        await eventually(lambda: "llama" in datastore.snapshot().models, "model served", within_s=5.0)
         bad = kube.put(
             model(kube, "chat", "llama", targetModels=[{"name": "a", "weight": 10}, {"name": "b"}])
         )
@@ -246,7 +255,7 @@ async def test_invalid_object_emits_an_event_and_keeps_the_last_good_state(kube:
                 if (e.get("involvedObject") or e.get("involved_object") or {}).get("name") == "chat"
             ]
 
-        await eventually(lambda: bool(events()), what="event emitted")
+        await eventually(lambda: bool(events()), "event emitted", within_s=5.0)
         event = events()[0]
         involved = event.get("involvedObject") or event.get("involved_object") or {}
         assert involved["kind"] == "InferenceModel"
@@ -267,7 +276,9 @@ async def test_api_outage_keeps_routing_with_the_last_known_state(kube: KubeEnv)
         assert addresses(datastore) == {"10.0.0.1:8000"}
         fake.set_unavailable(False)
         kube.put(pod(kube, "b", "10.0.0.2"))
-        await eventually(lambda: addresses(datastore) == {"10.0.0.1:8000", "10.0.0.2:8000"}, what="recovered")
+        await eventually(
+            lambda: addresses(datastore) == {"10.0.0.1:8000", "10.0.0.2:8000"}, "recovered", within_s=5.0
+        )
 
 
 async def test_pool_deleted_clears_endpoints_and_returning_pool_restores_them(kube: KubeEnv) -> None:
@@ -276,9 +287,11 @@ async def test_pool_deleted_clears_endpoints_and_returning_pool_restores_them(ku
     async with running(kube) as (datastore, _):
         assert addresses(datastore) == {"10.0.0.1:8000"}
         kube.delete(POOL_API, "InferencePool", kube.namespace, POOL_NAME)
-        await eventually(lambda: datastore.pool is None and addresses(datastore) == set(), what="pool gone")
+        await eventually(
+            lambda: datastore.pool is None and addresses(datastore) == set(), "pool gone", within_s=5.0
+        )
         kube.put(pool(kube))
-        await eventually(lambda: addresses(datastore) == {"10.0.0.1:8000"}, what="pool back")
+        await eventually(lambda: addresses(datastore) == {"10.0.0.1:8000"}, "pool back", within_s=5.0)
 
 
 async def test_x_k8s_v1alpha2_pool_group(kube: KubeEnv) -> None:
@@ -311,7 +324,7 @@ async def test_invalid_pool_update_keeps_the_last_good_pool(kube: KubeEnv) -> No
                 for e in kube.list("v1", "Event", kube.namespace)
             )
 
-        await eventually(rejected, what="event for the bad pool")
+        await eventually(rejected, "event for the bad pool", within_s=5.0)
         assert addresses(datastore) == {"10.0.0.1:8000"}
         assert datastore.pool is not None and datastore.pool.target_ports == (8000,)
 
@@ -332,9 +345,11 @@ async def test_objectives_of_this_pool_are_served_and_others_ignored(kube: KubeE
         objectives = datastore.snapshot().objectives
         assert set(objectives) == {"batch"} and objectives["batch"].priority == -1
         kube.put(objective("batch", POOL_NAME, 3))
-        await eventually(lambda: datastore.snapshot().objectives["batch"].priority == 3, what="update")
+        await eventually(
+            lambda: datastore.snapshot().objectives["batch"].priority == 3, "update", within_s=5.0
+        )
         kube.delete(MODEL_API, "InferenceObjective", kube.namespace, "batch")
-        await eventually(lambda: not datastore.snapshot().objectives, what="objective deleted")
+        await eventually(lambda: not datastore.snapshot().objectives, "objective deleted", within_s=5.0)
 
 
 async def test_every_api_call_is_in_the_rbac_table(kube: KubeEnv) -> None:
@@ -344,9 +359,9 @@ async def test_every_api_call_is_in_the_rbac_table(kube: KubeEnv) -> None:
     kube.put(model(kube, "m", "llama"))
     kube.put(model(kube, "bad", "x", criticality="Urgent"))
     async with running(kube):
-        await eventually(lambda: any(c.resource == "events" for c in fake.calls), what="event call")
+        await eventually(lambda: any(c.resource == "events" for c in fake.calls), "event call", within_s=5.0)
         await eventually(
-            lambda: any(c.resource == "inferencemodels/status" for c in fake.calls), what="status"
+            lambda: any(c.resource == "inferencemodels/status" for c in fake.calls), "status", within_s=5.0
         )
     seen = {(c.group, c.resource, c.verb) for c in fake.calls}
     assert seen <= API_CALLS
@@ -392,7 +407,7 @@ async def test_epp_serve_tracks_a_pod_becoming_ready(kube: KubeEnv) -> None:
         return None
 
     try:
-        await eventually(lambda: logged("epp serving") is not None, 20, "epp serve started")
+        await eventually(lambda: logged("epp serving") is not None, "epp serve started", within_s=20)
         serving = logged("epp serving") or {}
         async with grpc.aio.insecure_channel(f"127.0.0.1:{serving['health_port']}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
@@ -410,8 +425,8 @@ async def test_epp_serve_tracks_a_pod_becoming_ready(kube: KubeEnv) -> None:
         kube.put(pod(kube, "vllm-0", "127.0.0.21"))
         await eventually(
             lambda: any("127.0.0.21:8000" in (line.get("endpoints") or []) for line in lines),
-            ROUTABLE_WITHIN_S,
             "endpoint routable within one second",
+            within_s=ROUTABLE_WITHIN_S,
         )
     finally:
         if process.returncode is None:

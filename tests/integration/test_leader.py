@@ -11,7 +11,7 @@ import pytest
 from epp.clock import SystemClock
 from epp.kube.leader import API_CALLS, LeaderElector, lease_name_for
 from tests.fakekube.plugin import KubeEnv
-from tests.integration.test_kube_source import eventually
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -48,7 +48,7 @@ async def test_exactly_one_leader_and_release_on_shutdown_hands_over_at_once(kub
     changes: list[tuple[str, bool]] = []
     a.on_change(lambda leader: changes.append(("a", leader)))
     task_a = asyncio.create_task(a.run())
-    await eventually(lambda: a.is_leader, 3, "first replica leads")
+    await eventually(lambda: a.is_leader, "first replica leads", within_s=3)
     task_b = asyncio.create_task(b.run())
     try:
         await asyncio.sleep(LEASE_DURATION_S * 1.5)
@@ -60,7 +60,7 @@ async def test_exactly_one_leader_and_release_on_shutdown_hands_over_at_once(kub
             "coordination.k8s.io/v1", "Lease", kube.namespace, lease_name_for(kube.namespace, "pool-a")
         )
         assert lease is not None and not lease["spec"].get("holderIdentity")
-        await eventually(lambda: b.is_leader, 3, "second replica takes over")
+        await eventually(lambda: b.is_leader, "second replica takes over", within_s=3)
         assert loop.time() - released_at < LEASE_DURATION_S, "no need to wait out the lease after a release"
         assert changes == [("a", True), ("a", False)]
     finally:
@@ -91,7 +91,7 @@ async def test_a_crashed_leader_loses_the_lease_within_one_duration(kube: KubeEn
     try:
         await asyncio.sleep(LEASE_DURATION_S / 2)
         assert not b.is_leader, "a fresh lease is respected"
-        await eventually(lambda: b.is_leader, LEASE_DURATION_S + 1.0, "takeover after expiry")
+        await eventually(lambda: b.is_leader, "takeover after expiry", within_s=LEASE_DURATION_S + 1.0)
         assert loop.time() - started_at <= LEASE_DURATION_S + 3 * RETRY_PERIOD_S
         lease = kube.get("coordination.k8s.io/v1", "Lease", kube.namespace, lease_name)
         assert lease is not None

@@ -13,7 +13,7 @@ import errno
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from epp.clock import FakeClock, SystemClock
 from epp.picker.datastore import Datastore, EndpointState, PodInfo, Pool
 from epp.picker.scrape.parse import parse_metrics
 from epp.picker.scrape.refresher import MetricsRefresher, ScrapePacing
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -33,18 +34,7 @@ NO_LORA = (FIXTURES / "no-lora.txt").read_bytes()
 AFTER = (FIXTURES / "after.txt").read_bytes()
 IDLE = (FIXTURES / "idle.txt").read_bytes()
 INTERVAL_S = 0.05
-WAIT_LIMIT_S = 15.0
 POD_KEY = web.AppKey("pod", str)
-
-
-async def eventually(condition: Callable[[], bool], what: str, limit_s: float = WAIT_LIMIT_S) -> None:
-    """Poll `condition` until it holds; fail with `what` after `limit_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -376,7 +366,7 @@ async def test_scrape_schedule(
         datastore, clock, ScrapePacing(interval_s=0.1, backoff_cap_s=1.0), rng=random.Random(3)
     )
     async with running(refresher):
-        await asyncio.wait_for(clock.parked.wait(), WAIT_LIMIT_S)
+        await asyncio.wait_for(clock.parked.wait(), 15.0)
     assert len(clock.sleeps_s) == len(expected_sleeps_s)
     for slept_s, (low_s, high_s) in zip(clock.sleeps_s, expected_sleeps_s, strict=True):
         assert low_s - 1e-9 <= slept_s <= high_s + 1e-9, clock.sleeps_s

@@ -177,16 +177,6 @@ def successes(pod: RealPod) -> float:
     return RawPage.parse(scrape(pod)).counter_total("vllm:request_success_total")
 
 
-def wait_until(check: object, *, timeout_s: float, interval_s: float = 0.1) -> bool:
-    assert callable(check)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(interval_s)
-    return bool(check())
-
-
 def idle(pods: Iterable[RealPod]) -> bool:
     for pod in pods:
         page = RawPage.parse(scrape(pod))

@@ -10,7 +10,8 @@ import sys
 from collections.abc import Iterator
 
 from epp.tools.localstack import pick_pod_addresses
-from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, get_text, wait_until
+from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, get_text
+from tests.support.waiting import poll_until
 
 
 @contextlib.contextmanager
@@ -35,7 +36,7 @@ def running_sim(log_path: pathlib.Path, *extra_args: str) -> Iterator[RealPod]:
                 return False
             return True
 
-        assert wait_until(healthy, timeout_s=30), log_path.read_text()[-3000:]
+        assert poll_until(healthy, within_s=30), log_path.read_text()[-3000:]
         yield pod
     finally:
         process.terminate()

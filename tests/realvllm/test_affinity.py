@@ -25,8 +25,9 @@ import threading
 import time
 
 from epp.tools.envoy.config import RoutingMode
-from tests.realvllm.client import ADAPTERS, BASE_MODEL, RawPage, RealPod, completion, idle, scrape, wait_until
+from tests.realvllm.client import ADAPTERS, BASE_MODEL, RawPage, RealPod, completion, idle, scrape
 from tests.realvllm.gateway import Gateway
+from tests.support.waiting import poll_until
 
 REQUESTS = 48
 CONCURRENCY = 8
@@ -58,7 +59,7 @@ def workload() -> list[str]:
 
 
 def run_workload(mode: RoutingMode, pods: list[RealPod], workdir: pathlib.Path) -> RunResult:
-    assert wait_until(lambda: idle(pods), timeout_s=60)
+    assert poll_until(lambda: idle(pods), within_s=60)
     with Gateway(pods, workdir, mode=mode) as gateway:
         deferred = 0
         stop = threading.Event()
@@ -88,7 +89,7 @@ def run_workload(mode: RoutingMode, pods: list[RealPod], workdir: pathlib.Path) 
             wall_s = time.monotonic() - started
             stop.set()
             sampler.join(timeout=10)
-    assert wait_until(lambda: idle(pods), timeout_s=30)
+    assert poll_until(lambda: idle(pods), within_s=30)
     adapters_by_pod = {}
     for pod in pods:
         combos = RawPage.parse(scrape(pod)).lora_combinations_since(started_unix_s)

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from epp.tools.envoy.config import RoutingMode
-from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, completion, idle, successes, wait_until
+from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, completion, idle, successes
 from tests.realvllm.gateway import EPP_CHOICE_HEADER, UPSTREAM_HOST_HEADER, Gateway
+from tests.support.waiting import poll_until
 
 MODELS = (BASE_MODEL, *ADAPTERS)
 ROUNDS = 3
@@ -30,7 +31,7 @@ def epp_gateway(real_pods: list[RealPod], tmp_path_factory: pytest.TempPathFacto
 
 def test_each_request_reaches_the_pod_the_epp_chose(real_pods: list[RealPod], epp_gateway: Gateway) -> None:
     by_address = {pod.address: pod for pod in real_pods}
-    assert wait_until(lambda: idle(real_pods), timeout_s=60)
+    assert poll_until(lambda: idle(real_pods), within_s=60)
     chosen: list[str] = []
     for model in itertools.chain.from_iterable(itertools.repeat(MODELS, ROUNDS)):
         before = {pod.address: successes(pod) for pod in real_pods}
@@ -41,10 +42,13 @@ def test_each_request_reaches_the_pod_the_epp_chose(real_pods: list[RealPod], ep
         assert pick in by_address, f"EPP pick {pick!r} is not a pool pod"
         assert reply.headers.get(UPSTREAM_HOST_HEADER) == pick  # Envoy dialled the EPP's pick
         expected = {address: count + (1 if address == pick else 0) for address, count in before.items()}
-        assert wait_until(
-            lambda expected=expected: {pod.address: successes(pod) for pod in real_pods} == expected,
-            timeout_s=10,
-        ), f"request counters moved elsewhere: before {before}, expected {expected}"
+
+        def counted(expected: dict[str, float] = expected) -> bool:
+            return {pod.address: successes(pod) for pod in real_pods} == expected
+
+        assert poll_until(counted, within_s=10), (
+            f"request counters moved elsewhere: before {before}, expected {expected}"
+        )
         chosen.append(pick)
     assert len(chosen) == ROUNDS * len(MODELS)
 
@@ -53,7 +57,7 @@ def test_an_adapter_keeps_its_pod_when_the_pool_is_quiet(
     real_pods: list[RealPod], epp_gateway: Gateway
 ) -> None:
     """Sequential requests for one adapter stay on one pod: its slot is warm there."""
-    assert wait_until(lambda: idle(real_pods), timeout_s=60)
+    assert poll_until(lambda: idle(real_pods), within_s=60)
     picks = set()
     for _ in range(6):
         reply = completion(epp_gateway.url, "lora-2", 2)

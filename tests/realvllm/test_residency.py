@@ -17,7 +17,8 @@ from epp.picker.datastore.types import Endpoint, EndpointState, Metrics
 from epp.picker.scheduling.inflight import InflightTracker
 from epp.picker.scheduling.residency import ResidencyModel
 from epp.picker.scrape.parse import parse_metrics
-from tests.realvllm.client import RealPod, completion, idle, scrape, wait_until
+from tests.realvllm.client import RealPod, completion, idle, scrape
+from tests.support.waiting import poll_until
 
 LONG_TOKENS = 300
 # Long enough (≈ 1 s) that a scrape every 50 ms sees the deferred adapter while it runs.
@@ -73,12 +74,12 @@ class Observer:
 
 def test_residency_model_tracks_real_slots(real_pods: list[RealPod]) -> None:
     pod = real_pods[0]
-    assert wait_until(lambda: idle([pod]), timeout_s=60)
+    assert poll_until(lambda: idle([pod]), within_s=60)
     observer = Observer(pod)
     try:
         for adapter in ("lora-0", "lora-0", "lora-1", "lora-1"):
             observer.send(adapter, LONG_TOKENS)
-        assert wait_until(lambda: observer.scrape().running_requests == 4, timeout_s=30)
+        assert poll_until(lambda: observer.scrape().running_requests == 4, within_s=30)
         state = observer.model.pod(observer.name)
         assert state is not None
         assert state.slots == 2  # learnt from the real max_lora, not the default
@@ -88,7 +89,7 @@ def test_residency_model_tracks_real_slots(real_pods: list[RealPod]) -> None:
 
         # A third adapter while both slots are busy: vLLM defers it, the model evicts nothing.
         observer.send("lora-2", DEFERRED_TOKENS)
-        assert wait_until(lambda: observer.scrape().deferred_requests == 1, timeout_s=30, interval_s=0.05)
+        assert poll_until(lambda: observer.scrape().deferred_requests == 1, within_s=30, interval_s=0.05)
         assert "lora-2" not in observer.metrics.active_adapters
         assert {"lora-0", "lora-1"} <= observer.gpu()
         assert observer.model.victim(observer.name, state) is None
@@ -96,13 +97,13 @@ def test_residency_model_tracks_real_slots(real_pods: list[RealPod]) -> None:
         assert observer.name in observer.model.homes("lora-1")
 
         # vLLM gives lora-2 a slot once one adapter's requests finish; the model follows.
-        assert wait_until(
-            lambda: "lora-2" in observer.scrape().active_adapters, timeout_s=60, interval_s=0.05
+        assert poll_until(
+            lambda: "lora-2" in observer.scrape().active_adapters, within_s=60, interval_s=0.05
         ), "lora-2 never ran"
         assert "lora-2" in observer.gpu()
 
-        assert wait_until(
-            lambda: (observer.scrape().running_requests, observer.pending()) == (0, 0), timeout_s=60
+        assert poll_until(
+            lambda: (observer.scrape().running_requests, observer.pending()) == (0, 0), within_s=60
         )
         # Drained: as in vLLM, two adapters hold the two slots and lora-2, the last to run, is one.
         assert not observer.metrics.active_adapters

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from epp.picker.datastore.types import Metrics
-from epp.picker.scrape.parse import parse_metrics, parse_metrics_unfiltered
+from epp.picker.scrape.parse import parse_metrics
 from tests.realvllm.client import (
     BASE_MODEL,
     RawPage,
@@ -22,8 +22,9 @@ from tests.realvllm.client import (
     completion,
     idle,
     scrape,
-    wait_until,
 )
+from tests.support.reference_parse import parse_metrics_unfiltered
+from tests.support.waiting import poll_until
 
 SLOT_HOLDERS = ("lora-0", "lora-0", "lora-1", "lora-1")
 LONG_TOKENS = 300  # ≈ 4 s of decode on 2 cores: long enough to scrape mid-flight
@@ -61,7 +62,7 @@ def assert_exact(text: str) -> Metrics:
 
 
 def test_idle_page_is_read_exactly(real_pods: list[RealPod]) -> None:
-    assert wait_until(lambda: idle(real_pods), timeout_s=60)
+    assert poll_until(lambda: idle(real_pods), within_s=60)
     for pod in real_pods:
         got = assert_exact(scrape(pod))
         assert (got.waiting_requests, got.running_requests, got.deferred_requests) == (0, 0, 0)
@@ -74,12 +75,12 @@ def test_idle_page_is_read_exactly(real_pods: list[RealPod]) -> None:
 def test_busy_page_with_a_deferred_adapter_is_read_exactly(real_pods: list[RealPod]) -> None:
     """Both slots held by long requests, then a third adapter arrives: it waits as "deferred"."""
     pod = real_pods[0]
-    assert wait_until(lambda: idle([pod]), timeout_s=60)
+    assert poll_until(lambda: idle([pod]), within_s=60)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(SLOT_HOLDERS) + 2) as pool:
         holders = [pool.submit(completion, pod.url, model, LONG_TOKENS) for model in SLOT_HOLDERS]
-        assert wait_until(
+        assert poll_until(
             lambda: RawPage.parse(scrape(pod)).value("vllm:num_requests_running", model_name=BASE_MODEL) == 4,
-            timeout_s=30,
+            within_s=30,
         )
         late = [pool.submit(completion, pod.url, "lora-2", SHORT_TOKENS)]
         pages: list[str] = []
@@ -93,7 +94,7 @@ def test_busy_page_with_a_deferred_adapter_is_read_exactly(real_pods: list[RealP
                 >= 1
             )
 
-        assert wait_until(deferred_seen, timeout_s=30, interval_s=0.05), "no deferred request seen"
+        assert poll_until(deferred_seen, within_s=30, interval_s=0.05), "no deferred request seen"
         busy = assert_exact(pages[-1])
         assert busy.running_requests == 4
         assert busy.deferred_requests == 1 and busy.waiting_requests == 1
@@ -104,8 +105,8 @@ def test_busy_page_with_a_deferred_adapter_is_read_exactly(real_pods: list[RealP
         replies = [f.result() for f in holders + late]
     assert all(r.status == 200 for r in replies), [r.body[:200] for r in replies if r.status != 200]
     # After the drain the newest combination is the empty one; the scraper must not keep old adapters.
-    assert wait_until(lambda: idle([pod]), timeout_s=30)
-    assert wait_until(lambda: not parse_metrics(scrape(pod), time.time()).active_adapters, timeout_s=10)
+    assert poll_until(lambda: idle([pod]), within_s=30)
+    assert poll_until(lambda: not parse_metrics(scrape(pod), time.time()).active_adapters, within_s=10)
     assert_exact(scrape(pod))
 
 
@@ -120,6 +121,6 @@ def test_page_during_a_single_adapter_request_is_read_exactly(real_pods: list[Re
             seen.append(assert_exact(scrape(pod)))
             return adapter in seen[-1].active_adapters
 
-        assert wait_until(adapter_seen, timeout_s=30, interval_s=0.05)
+        assert poll_until(adapter_seen, within_s=30, interval_s=0.05)
         assert seen[-1].running_requests == 1
         assert future.result().status == 200

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 from collections.abc import Iterator
 
 import pytest
@@ -25,9 +26,9 @@ from tests.realvllm.client import (
     completion,
     get_text,
     idle,
-    wait_until,
 )
 from tests.realvllm.simpod import running_sim
+from tests.support.waiting import poll_until
 
 ENUMERATED_LABELS = frozenset({"reason", "finished_reason", "source", "sleep_state", "le", "max_lora"})
 SAME_LOAD = (BASE_MODEL, "lora-0", "lora-1", "lora-0")
@@ -139,7 +140,7 @@ def test_simulator_lora_info_after_a_drain_matches_real(real_pods: list[RealPod]
     """Both end a drained load with the all-empty combination as the newest sample."""
     for pod in (real_pods[1], sim_pod):
         assert completion(pod.url, "lora-3", 2).status == 200
-        assert wait_until(lambda pod=pod: idle([pod]), timeout_s=30)
+        assert poll_until(functools.partial(idle, [pod]), within_s=30)
         newest = RawPage.parse(get_text(f"{pod.url}/metrics")).newest_lora()
         assert newest is not None
         assert (newest.labels["running_lora_adapters"], newest.labels["waiting_lora_adapters"]) == ("", ""), (
@@ -159,11 +160,11 @@ def test_the_diff_catches_a_drift(real_pods: list[RealPod]) -> None:
 
 def slot_pressure_view(pod: RealPod) -> tuple[int, int, int, frozenset[str], int]:
     """Both slots held by long requests, then a third adapter: the scrape once it is deferred."""
-    assert wait_until(lambda: idle([pod]), timeout_s=60)
+    assert poll_until(lambda: idle([pod]), within_s=60)
     with concurrent.futures.ThreadPoolExecutor(max_workers=5) as pool:
         holders = [pool.submit(completion, pod.url, m, 300) for m in ("lora-0", "lora-0", "lora-1", "lora-1")]
-        assert wait_until(
-            lambda: parse_metrics(get_text(f"{pod.url}/metrics"), 0.0).running_requests == 4, timeout_s=30
+        assert poll_until(
+            lambda: parse_metrics(get_text(f"{pod.url}/metrics"), 0.0).running_requests == 4, within_s=30
         )
         late = pool.submit(completion, pod.url, "lora-2", 5)
         seen: list[Metrics] = []
@@ -172,7 +173,7 @@ def slot_pressure_view(pod: RealPod) -> tuple[int, int, int, frozenset[str], int
             seen.append(parse_metrics(get_text(f"{pod.url}/metrics"), 0.0))
             return seen[-1].deferred_requests > 0
 
-        assert wait_until(deferred, timeout_s=30, interval_s=0.02), f"{pod.name}: nothing deferred"
+        assert poll_until(deferred, within_s=30, interval_s=0.02), f"{pod.name}: nothing deferred"
         assert all(f.result().status == 200 for f in [*holders, late])
     m = seen[-1]
     return m.running_requests, m.waiting_requests, m.deferred_requests, m.active_adapters, m.max_lora

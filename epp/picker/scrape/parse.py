@@ -6,10 +6,10 @@ families (≈ 11 lines), so `select_lines` finds those lines with C-speed substr
 only they go to `prometheus_client`'s parser. `vllm:cache_config_info` (one line, ~37 labels)
 changes only on a restart, so it is parsed once per distinct raw line and memoised.
 
-`parse_metrics_unfiltered` applies the same rules to a full parse; it exists so tests and
-`benchmarks/scrape_cost.py` can show the filter loses nothing and what it saves.
+The tests hold it against the same rules applied to a full parse (`tests/support/reference_parse.py`),
+and `benchmarks/scrape_cost.py` shows what the filter saves.
 
-Rules (vLLM 0.32.0 as observed, see the parsing rules in the project docs):
+Rules (vLLM 0.32.0 as observed):
 - queue `num_requests_waiting` and KV `kv_cache_usage_perc` (0..1; `gpu_cache_usage_perc` only
   as a fallback) are required: a page without them raises `MetricsParseError`;
 - running `num_requests_running` and deferred `num_requests_waiting_by_reason{reason="deferred"}`
@@ -353,39 +353,6 @@ def parse_metrics(
     return metrics_from_samples(
         samples,
         selected.names_seen,
-        now,
-        capacity=capacity,
-        served_model_name=served_model_name,
-        names=names,
-        previous=previous,
-    )
-
-
-def parse_metrics_unfiltered(
-    text: str,
-    now: float,
-    *,
-    served_model_name: str | None = None,
-    names: MetricNames = DEFAULT_NAMES,
-    previous: Metrics | None = None,
-) -> Metrics:
-    """The same rules over a full `prometheus_client` parse of the page: the reference, not for serving."""
-    families = [(family.name, family.type, list(family.samples)) for family in _full_parse(text)]
-    samples = [sample for _, _, family_samples in families for sample in family_samples]
-    wanted = (*names.wanted(), names.cache_info)
-    # prometheus_client drops `_total` from a counter's family name; put it back to get the
-    # name the page declared.
-    declared = {name + "_total" if kind == "counter" else name for name, kind, _ in families}
-    present = declared | {s.name for s in samples}
-    cache_samples = [s for s in samples if s.name == names.cache_info]
-    capacity = (
-        (_label_int(cache_samples[0], BLOCK_SIZE_LABEL), _label_int(cache_samples[0], NUM_GPU_BLOCKS_LABEL))
-        if cache_samples
-        else (None, None)
-    )
-    return metrics_from_samples(
-        samples,
-        frozenset(name for name in wanted if name in present),
         now,
         capacity=capacity,
         served_model_name=served_model_name,

@@ -12,13 +12,8 @@ from pathlib import Path
 import pytest
 
 from epp.picker.datastore.types import Metrics
-from epp.picker.scrape.parse import (
-    MetricNames,
-    MetricsParseError,
-    parse_metrics,
-    parse_metrics_unfiltered,
-    select_lines,
-)
+from epp.picker.scrape.parse import MetricNames, MetricsParseError, parse_metrics, select_lines
+from tests.support.reference_parse import parse_metrics_unfiltered
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
 PAGES = sorted(p.name for p in FIXTURES.glob("*.txt"))

@@ -1,0 +1,1 @@
+"""Benchmark scripts: each says how to run it and what it measures."""
