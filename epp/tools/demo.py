@@ -12,14 +12,12 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import math
 import pathlib
 import random
 import sys
 import time
 
-import aiohttp
-
+from epp.tools import loadgen
 from epp.tools.envoy.config import RoutingMode
 from epp.tools.envoy.process import EnvoyNotFoundError, EnvoyStartError
 from epp.tools.localstack import LocalStack, SimOptions, StackError, StackOptions
@@ -41,10 +39,7 @@ class RunResult:
         return max(0.0, 1.0 - self.adapter_loads / served) if served else 0.0
 
     def percentile_s(self, q: float) -> float:
-        if not self.latencies_s:
-            return math.nan
-        ordered = sorted(self.latencies_s)
-        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+        return loadgen.percentile(self.latencies_s, q)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -85,38 +80,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 async def _drive(base_url: str, plan: list[str], concurrency: int, max_tokens: int, label: str) -> RunResult:
-    latencies: list[float] = []
-    errors = 0
-    done = 0
-    next_index = 0
+    bodies = [
+        {"model": adapter, "prompt": f"Summarise ticket {n}.", "max_tokens": max_tokens}
+        for n, adapter in enumerate(plan, start=1)
+    ]
+    every = max(1, len(plan) // 10)
+
+    def show(done: int) -> None:
+        if done % every == 0 or done == len(plan):
+            print(f"\r  {label}: {done}/{len(plan)} requests", end="", flush=True)
+
     started = time.perf_counter()
-    timeout = aiohttp.ClientTimeout(total=60)
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal errors, done, next_index
-        while next_index < len(plan):
-            adapter = plan[next_index]
-            next_index += 1
-            body = {"model": adapter, "prompt": f"Summarise ticket {next_index}.", "max_tokens": max_tokens}
-            t0 = time.perf_counter()
-            try:
-                async with session.post(f"{base_url}/v1/completions", json=body) as response:
-                    await response.read()
-                    ok = response.status == 200
-            except (aiohttp.ClientError, TimeoutError):
-                ok = False
-            if ok:
-                latencies.append(time.perf_counter() - t0)
-            else:
-                errors += 1
-            done += 1
-            if done % max(1, len(plan) // 10) == 0 or done == len(plan):
-                print(f"\r  {label}: {done}/{len(plan)} requests", end="", flush=True)
-
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    timings = await loadgen.closed_loop(base_url, bodies, concurrency=concurrency, timeout_s=60, on_done=show)
     print(flush=True)
-    return RunResult(label, len(plan), errors, 0, tuple(latencies), time.perf_counter() - started)
+    latencies = tuple(t.e2e_s for t in timings if t is not None)
+    return RunResult(
+        label, len(plan), len(plan) - len(latencies), 0, latencies, time.perf_counter() - started
+    )
 
 
 def _run_once(args: argparse.Namespace, routing: RoutingMode, label: str, plan: list[str]) -> RunResult:

@@ -1,22 +1,29 @@
 """The discrete-event loop: arrivals, engine steps and scrapes in simulated time.
 
-One run = one policy on one fleet. The scheduler under test only ever sees what the EPP
-would see: a `Snapshot` whose `Metrics` were produced at each pod's last scrape tick
-(`scrape_interval_s` apart, each pod at its own phase), so its view is up to one interval
-stale, exactly like `epp serve` behind a real scrape loop. Requests go through admission,
-`schedule`, `on_routed`; `on_completed` fires when the simulated request ends.
+One run = one policy on one fleet, routed by the same `Director` that `epp serve` runs
+(model resolution, the subset hint, admission, scheduling, completion), minus gRPC: each
+arrival becomes an OpenAI request body, the Director answers with endpoints, and the
+simulated pod of the first endpoint serves it. The Director reads a real `Datastore` whose
+metrics come from each pod's last scrape tick (`scrape_interval_s` apart, each pod at its own
+phase), so its view is up to one interval stale, exactly like `epp serve` behind a real scrape
+loop.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
 from epp.picker.admission import Admission
-from epp.picker.datastore.types import Endpoint, EndpointState, Pool, Snapshot
-from epp.picker.scheduling.types import LLMRequest, Scheduler
+from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import Endpoint, PodInfo, Pool
+from epp.picker.director import Director, RoutingDecision
+from epp.picker.scheduling.types import Scheduler
 from epp.tools.bench.model import PodConfig, PodCounters, PodProfile, SimPod, SimRequest
 from epp.tools.bench.policies import make_admission, make_scheduler
 from epp.tools.bench.workload import prompt_text
@@ -24,6 +31,8 @@ from epp.tools.bench.workload import prompt_text
 _STEP_END = 0
 _SCRAPE = 1
 POD_PORT = 8000
+NAMESPACE = "bench"
+POD_LABELS = {"app": "vllm"}
 Progress = Callable[[float], None]  # fraction of simulated time done, 0..1
 
 
@@ -47,16 +56,112 @@ class RunResult:
     scrapes: int
 
 
-def pod_endpoint(index: int) -> Endpoint:
-    """Pod `index` as the EPP would see it: its own pod IP, one port shared by all pods."""
-    pod = f"vllm-{index}"
-    return Endpoint(
-        name=f"{pod}-rank-0",
-        pod_name=pod,
-        namespace="bench",
+def pod_info(index: int) -> PodInfo:
+    """Pod `index` as the pool source would report it: its own pod IP, ready, the pool's labels."""
+    return PodInfo(
+        name=f"vllm-{index}",
+        namespace=NAMESPACE,
         ip=f"10.0.{index // 250}.{index % 250 + 1}",
-        port=POD_PORT,
+        labels=POD_LABELS,
     )
+
+
+def pod_endpoint(index: int) -> Endpoint:
+    """Pod `index`'s one endpoint (one target port shared by all pods), named as the datastore names it."""
+    pod = pod_info(index)
+    return Endpoint(
+        name=f"{pod.name}-rank-0", pod_name=pod.name, namespace=NAMESPACE, ip=pod.ip, port=POD_PORT
+    )
+
+
+def request_body(request: SimRequest, base_model: str) -> bytes:
+    """The completions request a client would send for this workload entry."""
+    return json.dumps(
+        {
+            "model": request.adapter or base_model,
+            "prompt": prompt_text(request),
+            "max_tokens": request.output_tokens,
+        }
+    ).encode()
+
+
+class _Run:
+    """One simulated run's moving parts: the pods, their events and the picker in front of them."""
+
+    def __init__(self, fleet: Fleet, director: Director, datastore: Datastore, clock: FakeClock) -> None:
+        self.fleet = fleet
+        self.director = director
+        self.datastore = datastore
+        self.clock = clock
+        self.pods = [SimPod(pod_endpoint(i).name, fleet.profile, fleet.config) for i in range(fleet.replicas)]
+        self.index_by_name = {pod.name: i for i, pod in enumerate(self.pods)}
+        self.events: list[tuple[float, int, int, int]] = []  # (time, order, kind, pod index)
+        self.order = 0
+        self.in_flight: dict[int, RoutingDecision] = {}
+        self.steps = 0
+        self.scrapes = 0
+        # Each pod is scraped at its own phase, as independent refresh loops drift apart.
+        for i in range(fleet.replicas):
+            self._push(fleet.scrape_interval_s * (i + 0.5) / fleet.replicas, _SCRAPE, i)
+
+    def _push(self, at: float, kind: int, pod_index: int) -> None:
+        heapq.heappush(self.events, (at, self.order, kind, pod_index))
+        self.order += 1
+
+    def _advance(self, now: float) -> None:
+        self.clock.advance(now - self.clock.now())
+
+    def arrive(self, request: SimRequest, now: float) -> None:
+        """Route one request through the Director; a shed request is marked, not served."""
+        self._advance(now)
+        base_model = self.fleet.config.served_model_name
+        try:
+            decision = self.director.route(
+                request_id=f"r{request.index}",
+                headers={},
+                body=request_body(request, base_model),
+                arrival_s=now,
+            )
+        except EppError as exc:
+            if exc.code is not ErrorCode.RESOURCE_EXHAUSTED:
+                raise
+            request.rejected = True
+            return
+        target = decision.request.target_model
+        request.adapter = "" if target == base_model else target
+        pod_index = self.index_by_name[decision.primary.name]
+        pod = self.pods[pod_index]
+        pod.enqueue(request)
+        self.in_flight[request.index] = decision
+        if not pod.busy:
+            self.start_step(pod_index, now)
+
+    def start_step(self, pod_index: int, at: float) -> None:
+        duration = self.pods[pod_index].begin_step(at)
+        if duration is not None:
+            self._push(at + duration, _STEP_END, pod_index)
+
+    def next_event(self) -> None:
+        """Handle the earliest step end or scrape."""
+        now, _, kind, i = heapq.heappop(self.events)
+        self._advance(now)
+        if kind == _STEP_END:
+            self.steps += 1
+            for done in self.pods[i].end_step(now):
+                self.director.complete(self.in_flight.pop(done.index), served_address=None, status=200)
+            self.start_step(i, now)
+        else:
+            self.scrapes += 1
+            self.datastore.update_metrics(self.pods[i].name, self.pods[i].metrics(now))
+            self._push(now + self.fleet.scrape_interval_s, _SCRAPE, i)
+
+
+def bench_datastore(fleet: Fleet, clock: FakeClock) -> Datastore:
+    """A datastore holding the fleet's pool and pods, as a pool source would fill it."""
+    datastore = Datastore(clock)
+    datastore.set_pool(Pool(name="bench", namespace=NAMESPACE, selector=POD_LABELS, target_ports=(POD_PORT,)))
+    datastore.replace_pods(pod_info(i) for i in range(fleet.replicas))
+    return datastore
 
 
 def simulate(
@@ -75,102 +180,36 @@ def simulate(
     Stops when every admitted request has finished or `drain_limit_s` after the last arrival;
     requests still in flight then keep `finish_s = None`.
     """
-    sched = scheduler if scheduler is not None else make_scheduler(policy, seed)
-    admit = admission if admission is not None else make_admission()
-    pods = [SimPod(pod_endpoint(i).name, fleet.profile, fleet.config) for i in range(fleet.replicas)]
-    endpoints = [pod_endpoint(i) for i in range(fleet.replicas)]
-    index_by_name = {p.name: i for i, p in enumerate(pods)}
-    pool = Pool(name="bench", namespace="bench", selector={"app": "vllm"}, target_ports=(POD_PORT,))
-    states = [EndpointState(endpoint=e, metrics=None) for e in endpoints]
-    version = 0
-
-    def snapshot(now: float) -> Snapshot:
-        return Snapshot(
-            pool=pool, endpoints=tuple(states), models={}, objectives={}, taken_at=now, version=version
-        )
-
-    events: list[tuple[float, int, int, int]] = []  # (time, order, kind, pod index)
-    order = 0
-    # Each pod is scraped at its own phase, as independent refresh loops drift apart.
-    for i in range(fleet.replicas):
-        phase = fleet.scrape_interval_s * (i + 0.5) / fleet.replicas
-        heapq.heappush(events, (phase, order, _SCRAPE, i))
-        order += 1
+    clock = FakeClock(start=0.0)
+    datastore = bench_datastore(fleet, clock)
+    director = Director(
+        datastore,
+        scheduler if scheduler is not None else make_scheduler(policy, seed),
+        admit=(admission if admission is not None else make_admission()).admit,
+        clock=clock,
+        rng=random.Random(seed),
+    )
+    run = _Run(fleet, director, datastore, clock)
     arrivals_end = requests[-1].arrival_s if requests else 0.0
     stop_at = arrivals_end + drain_limit_s
-    in_flight: dict[int, LLMRequest] = {}
-    next_arrival = 0
-    now = 0.0
-    steps = scrapes = 0
-    current = snapshot(0.0)
     report_every = max(1, len(requests) // 200)
-
-    def start_step(i: int, at: float) -> None:
-        nonlocal order
-        duration = pods[i].begin_step(at)
-        if duration is not None:
-            heapq.heappush(events, (at + duration, order, _STEP_END, i))
-            order += 1
-
-    while True:
-        arrival_t = requests[next_arrival].arrival_s if next_arrival < len(requests) else None
-        event_t = events[0][0] if events else None
-        if arrival_t is not None and (event_t is None or arrival_t < event_t):
-            now = arrival_t
-            request = requests[next_arrival]
-            next_arrival += 1
-            llm = LLMRequest(
-                request_id=f"r{request.index}",
-                incoming_model=request.adapter or fleet.config.served_model_name,
-                target_model=request.adapter or fleet.config.served_model_name,
-                prompt=prompt_text(request),
-                arrival_s=now,
-            )
-            try:
-                admit.admit(llm, current.endpoints, current, now)
-                result = sched.schedule(llm, current.endpoints, current, now)
-            except EppError as exc:
-                if exc.code is not ErrorCode.RESOURCE_EXHAUSTED:
-                    raise
-                request.rejected = True
-                continue
-            sched.on_routed(llm, result, now)
-            pod_index = index_by_name[result.primary.name]
-            pods[pod_index].enqueue(request)
-            in_flight[request.index] = llm
-            if not pods[pod_index].busy:
-                start_step(pod_index, now)
-            if progress is not None and next_arrival % report_every == 0:
-                progress(min(1.0, now / max(arrivals_end, 1e-9)))
-            continue
-        if event_t is None:
-            break
-        if next_arrival >= len(requests) and not in_flight:
-            break
-        if event_t > stop_at:
-            break
-        now, _, kind, i = heapq.heappop(events)
-        if kind == _STEP_END:
-            steps += 1
-            for done in pods[i].end_step(now):
-                sched.on_completed(in_flight.pop(done.index), done.pod, now)
-            start_step(i, now)
-        else:
-            scrapes += 1
-            states[i] = EndpointState(endpoint=endpoints[i], metrics=pods[i].metrics(now))
-            version += 1
-            current = snapshot(now)
-            heapq.heappush(events, (now + fleet.scrape_interval_s, order, _SCRAPE, i))
-            order += 1
+    for n, request in enumerate(requests, start=1):
+        while run.events and run.events[0][0] <= request.arrival_s:
+            run.next_event()
+        run.arrive(request, request.arrival_s)
+        if progress is not None and n % report_every == 0:
+            progress(min(1.0, request.arrival_s / max(arrivals_end, 1e-9)))
+    while run.in_flight and run.events and run.events[0][0] <= stop_at:
+        run.next_event()
     if progress is not None:
         progress(1.0)
     return RunResult(
         policy=policy,
         replicas=fleet.replicas,
         requests=tuple(requests),
-        pods={p.name: p.counters() for p in pods},
-        end_s=now,
+        pods={pod.name: pod.counters() for pod in run.pods},
+        end_s=clock.now(),
         arrivals_end_s=arrivals_end,
-        steps=steps,
-        scrapes=scrapes,
+        steps=run.steps,
+        scrapes=run.scrapes,
     )

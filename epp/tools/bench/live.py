@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import time
 from collections.abc import Sequence
 from typing import TextIO
 
-import aiohttp
 import numpy as np
 
+from epp.tools import loadgen
 from epp.tools.bench import runner, workload
 from epp.tools.bench.events import Fleet, simulate
 from epp.tools.bench.model import PodConfig, PodProfile, SimRequest
@@ -97,40 +96,20 @@ def _simulated(policy: str, seed: int) -> LiveFigures:
     )
 
 
-async def _send(
-    session: aiohttp.ClientSession, url: str, request: SimRequest, start: float
-) -> tuple[float, float] | None:
-    await asyncio.sleep(max(0.0, start + request.arrival_s - time.monotonic()))
-    sent = time.monotonic()
-    body = {
-        "model": request.adapter,
-        "prompt": workload.prompt_text(request),
-        "max_tokens": request.output_tokens,
-        "stream": True,
-    }
-    first: float | None = None
-    try:
-        async with session.post(f"{url}/v1/completions", json=body) as response:
-            if response.status != 200:
-                return None
-            async for _chunk in response.content.iter_any():
-                if first is None:
-                    first = time.monotonic()
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    end = time.monotonic()
-    return ((first or end) - sent, end - sent)
-
-
-async def _drive(url: str, requests: list[SimRequest]) -> list[tuple[float, float] | None]:
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        start = time.monotonic() + 0.2
-        return await asyncio.gather(*(_send(session, url, r, start) for r in requests))
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else math.nan
+def _schedule(requests: list[SimRequest]) -> list[tuple[float, loadgen.Body]]:
+    """Each request's arrival offset and the streamed completion a client sends then."""
+    return [
+        (
+            r.arrival_s,
+            {
+                "model": r.adapter,
+                "prompt": workload.prompt_text(r),
+                "max_tokens": r.output_tokens,
+                "stream": True,
+            },
+        )
+        for r in requests
+    ]
 
 
 def _live(policy: str, seed: int) -> LiveFigures:
@@ -142,16 +121,18 @@ def _live(policy: str, seed: int) -> LiveFigures:
     )
     with LocalStack(options, seed=seed) as stack:
         before = sum(stack.adapter_loads().values())
-        results = asyncio.run(_drive(stack.gateway_url, requests))
+        results = asyncio.run(
+            loadgen.open_loop(stack.gateway_url, _schedule(requests), timeout_s=REQUEST_TIMEOUT_S)
+        )
         loads = sum(stack.adapter_loads().values()) - before
     ok = [r for r in results if r is not None]
     return LiveFigures(
         requests=len(requests),
         errors=len(requests) - len(ok),
         adapter_loads_per_1k=1000.0 * loads / max(1, len(requests)),
-        ttft_p50_s=_percentile([t for t, _ in ok], 50),
-        e2e_p50_s=_percentile([e for _, e in ok], 50),
-        e2e_p99_s=_percentile([e for _, e in ok], 99),
+        ttft_p50_s=loadgen.percentile([t.ttft_s for t in ok], 0.50),
+        e2e_p50_s=loadgen.percentile([t.e2e_s for t in ok], 0.50),
+        e2e_p99_s=loadgen.percentile([t.e2e_s for t in ok], 0.99),
     )
 
 
