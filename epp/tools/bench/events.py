@@ -21,7 +21,7 @@ from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
 from epp.picker.admission import Admission
 from epp.picker.datastore.store import Datastore
-from epp.picker.datastore.types import Endpoint, PodInfo, Pool
+from epp.picker.datastore.types import Endpoint, InferenceModel, PodInfo, Pool
 from epp.picker.director import Director, RoutingDecision
 from epp.picker.scheduling.types import Scheduler
 from epp.tools.bench.model import PodConfig, PodCounters, PodProfile, SimPod, SimRequest
@@ -33,6 +33,7 @@ _SCRAPE = 1
 POD_PORT = 8000
 NAMESPACE = "bench"
 POD_LABELS = {"app": "vllm"}
+POOL_NAME = "bench"
 Progress = Callable[[float], None]  # fraction of simulated time done, 0..1
 
 
@@ -42,6 +43,8 @@ class Fleet:
     config: PodConfig
     replicas: int
     scrape_interval_s: float = 0.1
+    # The pool's InferenceModels; none means clients name adapters directly, as with no registry.
+    models: tuple[InferenceModel, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +162,10 @@ class _Run:
 def bench_datastore(fleet: Fleet, clock: FakeClock) -> Datastore:
     """A datastore holding the fleet's pool and pods, as a pool source would fill it."""
     datastore = Datastore(clock)
-    datastore.set_pool(Pool(name="bench", namespace=NAMESPACE, selector=POD_LABELS, target_ports=(POD_PORT,)))
+    pool = Pool(name=POOL_NAME, namespace=NAMESPACE, selector=POD_LABELS, target_ports=(POD_PORT,))
+    datastore.set_pool(pool)
     datastore.replace_pods(pod_info(i) for i in range(fleet.replicas))
+    datastore.replace_models(fleet.models)
     return datastore
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from epp.picker.datastore.types import InferenceModel, TargetModel
 from epp.tools.bench import workload
-from epp.tools.bench.events import Fleet, RunResult, simulate
+from epp.tools.bench.events import NAMESPACE, POOL_NAME, Fleet, RunResult, simulate
 from epp.tools.bench.model import SimRequest
 from epp.tools.bench.scenario import Scenario
 
@@ -104,6 +105,29 @@ def fleet_for(scenario: Scenario, replicas: int | None = None) -> Fleet:
         config=scenario.pod_config,
         replicas=scenario.replicas if replicas is None else replicas,
         scrape_interval_s=scenario.scrape_interval_s,
+        models=inference_models(scenario),
+    )
+
+
+def inference_models(scenario: Scenario) -> tuple[InferenceModel, ...]:
+    """The scenario's splits as InferenceModels, plus one per other client model name.
+
+    With any InferenceModel in the pool the Director answers 404 for a model none declares, as
+    `epp serve` does, so a scenario with splits declares every name its clients send.
+    """
+    if not scenario.splits:
+        return ()
+    split = dict(scenario.splits)
+    names = (*scenario.workload.adapters, scenario.pod_config.served_model_name)
+    return tuple(
+        InferenceModel(
+            name=name,
+            namespace=NAMESPACE,
+            model_name=name,
+            pool_name=POOL_NAME,
+            target_models=tuple(TargetModel(target, weight) for target, weight in split.get(name, ())),
+        )
+        for name in names
     )
 
 

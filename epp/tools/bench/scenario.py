@@ -35,7 +35,11 @@ _TOP_KEYS = {
     "arrivals",
     "lengths",
     "slo",
+    "splits",
 }
+
+# client model name → ((target model, weight), ...): an InferenceModel's weighted targets
+Splits = tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ class Scenario:
     warmup_s: float = 60.0  # requests arriving earlier are not measured
     scrape_interval_s: float = 0.1  # how often the EPP scrapes each pod's /metrics
     deployment: str = "shared"  # "shared": one pool; "dedicated": one deployment per adapter
+    splits: Splits = ()  # InferenceModels with weighted targets (canaries, A/B), resolved by the Director
 
     def with_overrides(
         self,
@@ -237,6 +242,9 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     scrape_interval_s = float(document.get("scrape_interval_s", 0.1))
     if scrape_interval_s <= 0:
         raise ValueError("scrape_interval_s must be positive")
+    splits = _splits(document.get("splits"), spec.adapters)
+    if splits and deployment == "dedicated":
+        raise ValueError("splits need deployment: shared (a dedicated deployment serves one adapter)")
     return Scenario(
         name=str(document.get("name", "custom")),
         description=str(document.get("description", "")).strip(),
@@ -253,4 +261,24 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         warmup_s=float(document.get("warmup_s", min(60.0, duration_s / 10))),
         scrape_interval_s=scrape_interval_s,
         deployment=deployment,
+        splits=splits,
     )
+
+
+def _splits(value: Any, adapters: tuple[str, ...]) -> Splits:
+    """`splits: {client-model: {target: weight, ...}}`; every client model is one of the workload's."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ValueError("splits must map a model name to {target: weight}")
+    result = []
+    for name, targets in value.items():
+        if name not in adapters:
+            raise ValueError(f"splits: {name!r} is not one of the workload's adapters ({adapters[0]} …)")
+        if not isinstance(targets, Mapping) or not targets:
+            raise ValueError(f"splits.{name} must map at least one target to a weight")
+        weights = tuple((str(target), int(weight)) for target, weight in targets.items())
+        if any(weight < 0 for _, weight in weights) or sum(w for _, w in weights) <= 0:
+            raise ValueError(f"splits.{name}: weights must be ≥ 0 and not all 0")
+        result.append((str(name), weights))
+    return tuple(result)

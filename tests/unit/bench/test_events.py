@@ -116,3 +116,28 @@ def test_fewest_replicas_is_the_smallest_count_meeting_the_slo() -> None:
     assert runner.meets_slo(sc, "gie-v1", found)
     if found > 1:
         assert not runner.meets_slo(sc, "gie-v1", found - 1)
+
+
+def test_a_split_sends_its_weighted_share_to_each_target() -> None:
+    """InferenceModel splits in a scenario are resolved by the Director, as `epp serve` resolves them."""
+    sc = dataclasses.replace(
+        _short(duration_s=60.0),
+        splits=(("adapter-000", (("adapter-000", 80), ("adapter-000-canary", 20))),),
+    )
+    result = runner.run_policy(sc, "default")
+    asked = [r for r in result.requests if r.adapter in ("adapter-000", "adapter-000-canary")]
+    canary = [r for r in asked if r.adapter == "adapter-000-canary"]
+    assert len(asked) > 100
+    assert 0.1 < len(canary) / len(asked) < 0.3
+    assert all(r.finish_s is not None for r in canary), "the canary was loaded and served"
+    assert not any(r.adapter == "adapter-001-canary" for r in result.requests)
+
+
+def test_splits_in_a_scenario_file_are_checked() -> None:
+    document = {"adapters": {"count": 2}, "splits": {"adapter-000": {"adapter-000": 9, "adapter-000-b": 1}}}
+    parsed = scenario.parse(document)
+    assert parsed.splits == (("adapter-000", (("adapter-000", 9), ("adapter-000-b", 1))),)
+    with pytest.raises(ValueError, match="not one of the workload's adapters"):
+        scenario.parse({"adapters": {"count": 2}, "splits": {"chat": {"adapter-000": 1}}})
+    with pytest.raises(ValueError, match="not all 0"):
+        scenario.parse({"adapters": {"count": 2}, "splits": {"adapter-000": {"adapter-000": 0}}})
