@@ -12,7 +12,7 @@ from epp.tools.bench.runner import BenchResult, PolicySummary, cdf_points
 
 BASELINE = "round-robin"
 OURS = "default"
-RESULTS_SCHEMA_VERSION = 1
+RESULTS_SCHEMA_VERSION = 2
 
 
 def _ratio(baseline: float, ours: float) -> float | None:
@@ -93,6 +93,7 @@ def results_document(result: BenchResult, *, command: str) -> dict[str, Any]:
             "slo_ttft_s": sc.slo.ttft_s,
             "slo_target_goodput": sc.slo.target_goodput,
         },
+        "swaps_floor_per_1k": result.swaps_floor_per_1k,
         "policies": {name: summary.as_json() for name, summary in result.summaries.items()},
         "comparisons": comparisons(result),
     }
@@ -102,12 +103,14 @@ _COLUMNS = (
     ("policy", 12),
     ("reqs", 7),
     ("swaps/1k", 9),
+    ("vs floor", 8),
     ("vs rr", 6),
     ("adapter hit", 11),
     ("slot wait", 9),
     ("prefix hit", 10),
     ("ttft p50", 9),
     ("ttft p99", 9),
+    ("floor p50/p99", 13),
     ("e2e p50", 8),
     ("e2e p99", 8),
     ("rps", 6),
@@ -127,12 +130,14 @@ def table_rows(result: BenchResult) -> list[list[str]]:
                 name,
                 str(s.requests),
                 f"{s.swaps_per_1k:.1f}",
+                _fmt_vs_floor(s),
                 vs,
                 f"{s.adapter_hit_rate:.1%}",
                 f"{s.slot_wait_rate:.1%}",
                 f"{s.prefix_hit_rate:.1%}",
                 _fmt_s(s.ttft_p50_s),
                 _fmt_s(s.ttft_p99_s),
+                f"{_fmt_s(s.ttft_floor_p50_s)}/{_fmt_s(s.ttft_floor_p99_s)}",
                 _fmt_s(s.e2e_p50_s),
                 _fmt_s(s.e2e_p99_s),
                 f"{s.throughput_rps:.1f}",
@@ -142,6 +147,13 @@ def table_rows(result: BenchResult) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _fmt_vs_floor(summary: PolicySummary) -> str:
+    """Swaps as a multiple of the floor; "-" when neither swaps, "∞" when only the policy does."""
+    if summary.swaps_vs_floor is not None:
+        return f"{summary.swaps_vs_floor:.2f}x"
+    return "-" if summary.swaps_per_1k == 0 else "∞"
 
 
 def format_table(result: BenchResult) -> str:
@@ -185,6 +197,11 @@ def _comparison_lines(result: BenchResult) -> list[str]:
             f"{ded['shared_replicas_for_slo'].get(OURS)} → {_fmt_pct(ded['replica_reduction'])} fewer"
         )
     sc = result.scenario
+    lines.append(
+        f"floor: {result.swaps_floor_per_1k:.1f} swaps/1k (one cache of all "
+        f"{sc.replicas * sc.pod_config.max_loras} slots, furthest-next-use eviction); "
+        "TTFT floor: the same policy with unlimited slots and free loads"
+    )
     lines.append(
         f"SLO: TTFT ≤ {sc.slo.ttft_s:g}s for ≥ {sc.slo.target_goodput:.0%} of requests; "
         "replicas = fewest meeting it"

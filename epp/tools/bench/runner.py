@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from epp.picker.datastore.types import InferenceModel, TargetModel
-from epp.tools.bench import workload
+from epp.tools.bench import floors, workload
 from epp.tools.bench.events import NAMESPACE, POOL_NAME, Fleet, RunResult, simulate
 from epp.tools.bench.model import SimRequest
 from epp.tools.bench.scenario import Scenario
@@ -41,6 +41,9 @@ class PolicySummary:
     throughput_rps: float  # measured requests finished per second of the measured window
     slo_goodput: float
     replicas_for_slo: int | None = None  # None: not searched or not met within the search bound
+    swaps_vs_floor: float | None = None  # swaps_per_1k ÷ the run's floor; None when the floor is 0
+    ttft_floor_p50_s: float = math.nan  # the same policy with unlimited slots and free adapter loads
+    ttft_floor_p99_s: float = math.nan
     ttft_samples_s: tuple[float, ...] = field(default=(), repr=False)  # sorted, for CDF plots
     e2e_samples_s: tuple[float, ...] = field(default=(), repr=False)
 
@@ -197,6 +200,7 @@ class BenchResult:
     scenario: Scenario
     summaries: dict[str, PolicySummary]
     dedicated: dict[str, int | None] | None = None  # per-adapter replicas, for `deployment: dedicated`
+    swaps_floor_per_1k: float = 0.0  # what no router could beat on this request list (see floors)
 
     @property
     def dedicated_total(self) -> int | None:
@@ -216,16 +220,24 @@ def run_bench(
     """Run every policy on `scenario`; the replica search runs on `search_scenario` (default: same)."""
     searched = search_scenario if search_scenario is not None else scenario
     summaries: dict[str, PolicySummary] = {}
+    floor_per_1k: float | None = None
     for policy in policies:
 
         def tick(fraction: float, policy: str = policy) -> None:
             if progress is not None:
                 progress(policy, "run", fraction)
 
-        summary = summarize(
-            run_policy(scenario, policy, progress=tick),
-            warmup_s=scenario.warmup_s,
-            slo_ttft_s=scenario.slo.ttft_s,
+        run = run_policy(scenario, policy, progress=tick)
+        if floor_per_1k is None:
+            floor_per_1k = swaps_floor_per_1k(scenario, run.requests)
+        summary = with_floors(
+            summarize(run, warmup_s=scenario.warmup_s, slo_ttft_s=scenario.slo.ttft_s),
+            floor_per_1k,
+            summarize(
+                run_policy(unconstrained(scenario), policy),
+                warmup_s=scenario.warmup_s,
+                slo_ttft_s=scenario.slo.ttft_s,
+            ),
         )
         if search_replicas:
             if progress is not None:
@@ -241,7 +253,39 @@ def run_bench(
         dedicated = dedicated_replicas(searched)
         if progress is not None:
             progress("dedicated", "replica search", 1.0)
-    return BenchResult(scenario=scenario, summaries=summaries, dedicated=dedicated)
+    return BenchResult(
+        scenario=scenario, summaries=summaries, dedicated=dedicated, swaps_floor_per_1k=floor_per_1k or 0.0
+    )
+
+
+def swaps_floor_per_1k(scenario: Scenario, requests: Sequence[SimRequest]) -> float:
+    """The Belady floor over the run's requests (targets as resolved), per 1,000 measured requests."""
+    ordered = sorted(requests, key=lambda r: r.index)
+    measured_from = next((n for n, r in enumerate(ordered) if r.arrival_s >= scenario.warmup_s), len(ordered))
+    measured = len(ordered) - measured_from
+    slots = scenario.replicas * scenario.pod_config.max_loras
+    swaps = floors.belady_swaps([r.adapter for r in ordered], slots, counted_from=measured_from)
+    return 1000.0 * swaps / measured if measured else 0.0
+
+
+def unconstrained(scenario: Scenario) -> Scenario:
+    """The same fleet with no LoRA constraint: a slot for every adapter, free loads, no batch penalty."""
+    adapters = len(scenario.workload.adapters) + sum(len(targets) for _, targets in scenario.splits) + 1
+    return dataclasses.replace(
+        scenario,
+        profile=dataclasses.replace(scenario.profile, adapter_load_s=0.0, lora_step_overhead_per_adapter=0.0),
+        pod_config=dataclasses.replace(scenario.pod_config, max_loras=adapters, max_cpu_loras=adapters),
+    )
+
+
+def with_floors(summary: PolicySummary, floor_per_1k: float, free: PolicySummary) -> PolicySummary:
+    """`summary` with its swaps read against the floor and the TTFT of the unconstrained run."""
+    return dataclasses.replace(
+        summary,
+        swaps_vs_floor=summary.swaps_per_1k / floor_per_1k if floor_per_1k > 0 else None,
+        ttft_floor_p50_s=free.ttft_p50_s,
+        ttft_floor_p99_s=free.ttft_p99_s,
+    )
 
 
 def cdf_points(samples: Sequence[float], points: int = 200) -> tuple[np.ndarray, np.ndarray]:
