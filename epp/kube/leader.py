@@ -18,6 +18,7 @@ import datetime
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import urllib3
@@ -61,37 +62,55 @@ class _LeaseError(Exception):
     """The Lease could not be read or written this round."""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseClaim:
+    """Which Lease we campaign for, and the identity we write into it as holder.
+
+    Every replica of one pool names the same Lease and a different identity (its pod name).
+    """
+
+    name: str
+    namespace: str
+    identity: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTiming:
+    """client-go's leader-election timing (same defaults), plus the timeout of one API call.
+
+    A Lease is held for `lease_duration_s`; the leader steps down if it cannot renew for
+    `renew_deadline_s`; every replica tries again each `retry_period_s`.
+    """
+
+    lease_duration_s: float = 15
+    renew_deadline_s: float = 10
+    retry_period_s: float = 2
+    request_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            # Bad values would let two replicas lead at once; client-go refuses them too.
+            raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
+
+
 class LeaderElector:
     """Campaigns for one Lease until cancelled; `is_leader` says whether we hold it now."""
 
     def __init__(
         self,
         *,
-        lease_name: str,
-        namespace: str,
-        identity: str,
+        claim: LeaseClaim,
         kubeconfig: str | None,
         clock: Clock,
-        lease_duration_s: float = 15,
-        renew_deadline_s: float = 10,
-        retry_period_s: float = 2,
+        timing: LeaseTiming = LeaseTiming(),
         api_client: k8s.ApiClient | None = None,
-        request_timeout_s: float = 5.0,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
     ) -> None:
-        if not retry_period_s < renew_deadline_s < lease_duration_s:
-            # Bad values would let two replicas lead at once; client-go refuses them too.
-            raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
-        self._lease_name = lease_name
-        self._namespace = namespace
-        self._identity = identity
+        self._claim = claim
         self._kubeconfig = kubeconfig
         self._clock = clock
-        self._lease_duration_s = lease_duration_s
-        self._renew_deadline_s = renew_deadline_s
-        self._retry_period_s = retry_period_s
+        self._timing = timing
         self._api_client = api_client
-        self._request_timeout_s = request_timeout_s
         self._wall_clock = wall_clock
         self._is_leader = False
         self._callbacks: list[Callable[[bool], None]] = []
@@ -116,15 +135,15 @@ class LeaderElector:
                 try:
                     held = await asyncio.to_thread(self._try_acquire_or_renew)
                 except _LeaseError as error:
-                    log.warning("lease round failed", extra={"lease": self._lease_name, "error": str(error)})
+                    log.warning("lease round failed", extra={"lease": self._claim.name, "error": str(error)})
                     held = self._is_leader and (
-                        self._clock.now() - self._last_renew_at < self._renew_deadline_s
+                        self._clock.now() - self._last_renew_at < self._timing.renew_deadline_s
                     )
                 else:
                     if held:
                         self._last_renew_at = self._clock.now()
                 self._set_leader(held)
-                await self._clock.sleep(self._retry_period_s)
+                await self._clock.sleep(self._timing.retry_period_s)
         finally:
             if self._is_leader:
                 self._set_leader(False)
@@ -132,7 +151,7 @@ class LeaderElector:
                     await asyncio.to_thread(self._release)
                 except _LeaseError as error:
                     log.warning(
-                        "lease release failed", extra={"lease": self._lease_name, "error": str(error)}
+                        "lease release failed", extra={"lease": self._claim.name, "error": str(error)}
                     )
 
     def _set_leader(self, leader: bool) -> None:
@@ -141,7 +160,7 @@ class LeaderElector:
         self._is_leader = leader
         log.info(
             "leadership changed",
-            extra={"lease": self._lease_name, "identity": self._identity, "leader": leader},
+            extra={"lease": self._claim.name, "identity": self._claim.identity, "leader": leader},
         )
         for callback in self._callbacks:
             callback(leader)
@@ -168,18 +187,18 @@ class LeaderElector:
         result: dict[str, Any] | None = self._call(
             "get",
             lambda: self._api.read_namespaced_lease(
-                self._lease_name,
-                self._namespace,
+                self._claim.name,
+                self._claim.namespace,
                 _preload_content=False,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._timing.request_timeout_s,
             ),
         )
         return result
 
     def _spec(self, *, acquire_time: str, transitions: int) -> dict[str, Any]:
         return {
-            "holderIdentity": self._identity,
-            "leaseDurationSeconds": max(1, round(self._lease_duration_s)),
+            "holderIdentity": self._claim.identity,
+            "leaseDurationSeconds": max(1, round(self._timing.lease_duration_s)),
             "acquireTime": acquire_time,
             "renewTime": _micro_time(self._wall_clock()),
             "leaseTransitions": transitions,
@@ -192,16 +211,16 @@ class LeaderElector:
             body = {
                 "apiVersion": f"{GROUP}/v1",
                 "kind": "Lease",
-                "metadata": {"name": self._lease_name, "namespace": self._namespace},
+                "metadata": {"name": self._claim.name, "namespace": self._claim.namespace},
                 "spec": self._spec(acquire_time=_micro_time(self._wall_clock()), transitions=0),
             }
             created = self._call(
                 "create",
                 lambda: self._api.create_namespaced_lease(
-                    self._namespace,
+                    self._claim.namespace,
                     _lease(body),
                     _preload_content=False,
-                    _request_timeout=self._request_timeout_s,
+                    _request_timeout=self._timing.request_timeout_s,
                 ),
             )
             return created is not None
@@ -211,11 +230,11 @@ class LeaderElector:
         if record != self._observed:
             self._observed = record
             self._observed_at = now
-        duration_s = float(spec.get("leaseDurationSeconds") or self._lease_duration_s)
-        if holder and holder != self._identity and now - self._observed_at < duration_s:
+        duration_s = float(spec.get("leaseDurationSeconds") or self._timing.lease_duration_s)
+        if holder and holder != self._claim.identity and now - self._observed_at < duration_s:
             return False  # held by a live leader
         transitions = int(spec.get("leaseTransitions") or 0)
-        if holder == self._identity:
+        if holder == self._claim.identity:
             acquire_time = str(spec.get("acquireTime") or _micro_time(self._wall_clock()))
         else:
             acquire_time = _micro_time(self._wall_clock())
@@ -224,24 +243,24 @@ class LeaderElector:
         updated = self._call(
             "update",
             lambda: self._api.replace_namespaced_lease(
-                self._lease_name,
-                self._namespace,
+                self._claim.name,
+                self._claim.namespace,
                 _lease(lease),
                 _preload_content=False,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._timing.request_timeout_s,
             ),
         )
         if updated is None:
             return False  # another replica wrote first
         new_spec = updated.get("spec") or {}
-        self._observed = (self._identity, str(new_spec.get("renewTime") or ""))
+        self._observed = (self._claim.identity, str(new_spec.get("renewTime") or ""))
         self._observed_at = now
         return True
 
     def _release(self) -> None:
         """Clear the holder so the next replica need not wait out the lease."""
         lease = self._get()
-        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self._identity:
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self._claim.identity:
             return
         spec = dict(lease.get("spec") or {})
         spec.update(
@@ -251,11 +270,11 @@ class LeaderElector:
         self._call(
             "update",
             lambda: self._api.replace_namespaced_lease(
-                self._lease_name,
-                self._namespace,
+                self._claim.name,
+                self._claim.namespace,
                 _lease(lease),
                 _preload_content=False,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._timing.request_timeout_s,
             ),
         )
-        log.info("lease released", extra={"lease": self._lease_name, "identity": self._identity})
+        log.info("lease released", extra={"lease": self._claim.name, "identity": self._claim.identity})

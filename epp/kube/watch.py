@@ -149,6 +149,37 @@ class _Desired:
     generation: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolRef:
+    """The one InferencePool this source follows; its pods, models and objectives share its namespace.
+
+    `group` picks the pool's API group (the GA one or the older x-k8s.io one).
+    """
+
+    name: str
+    namespace: str
+    group: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchTiming:
+    """How long API calls may take and how retries back off.
+
+    A short server-side watch timeout keeps shutdown prompt; the jittered backoff keeps
+    replicas from hammering a failing API server in step.
+    """
+
+    watch_timeout_s: int = 5
+    request_timeout_s: float = 10.0
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+
+    @property
+    def watch_read_timeout_s(self) -> float:
+        """A watch stream may stay silent until the server ends it, plus the usual request slack."""
+        return self.watch_timeout_s + self.request_timeout_s
+
+
 class KubeSource:
     """Keeps the datastore in step with the cluster for one InferencePool.
 
@@ -160,29 +191,20 @@ class KubeSource:
         self,
         datastore: Datastore,
         *,
-        pool_name: str,
-        pool_namespace: str,
-        pool_group: str,
+        pool: PoolRef,
         kubeconfig: str | None,
         clock: Clock,
         api_client: k8s.ApiClient | None = None,
-        watch_timeout_s: int = 5,
-        request_timeout_s: float = 10.0,
-        backoff_initial_s: float = 0.1,
-        backoff_max_s: float = 5.0,
+        timing: WatchTiming = WatchTiming(),
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
     ) -> None:
         self._datastore = datastore
-        self._pool_name = pool_name
-        self._namespace = pool_namespace
-        self._pool_resource = pool_resource(pool_group)
+        self._pool = pool
+        self._pool_resource = pool_resource(pool.group)
         self._kubeconfig = kubeconfig
         self._clock = clock
         self._api_client = api_client
-        self._watch_timeout_s = watch_timeout_s
-        self._request_timeout_s = request_timeout_s
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._timing = timing
         self._wall_clock = wall_clock
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
@@ -229,7 +251,7 @@ class KubeSource:
         on_list: Callable[[list[RawObject]], None] | None = None,
     ) -> None:
         """List, then watch from the list's resourceVersion, forever (see the module docstring)."""
-        backoff_s = self._backoff_initial_s
+        backoff_s = self._timing.backoff_initial_s
         resource_version: str | None = None
         while True:
             try:
@@ -238,7 +260,7 @@ class KubeSource:
                     (on_list or self._replace_for(name))(items)
                     self._mark_listed(name)
                 resource_version = await self._watch_once(list_call, selector, resource_version, apply)
-                backoff_s = self._backoff_initial_s
+                backoff_s = self._timing.backoff_initial_s
                 continue
             except _WatchGone:
                 log.info("watch expired, relisting", extra={"resource": name})
@@ -249,7 +271,7 @@ class KubeSource:
                 if resource_version is not None:
                     resource_version = error.resource_version
             delay_s = backoff_s * (0.5 + self._random.random())
-            backoff_s = min(self._backoff_max_s, backoff_s * 2)
+            backoff_s = min(self._timing.backoff_max_s, backoff_s * 2)
             await self._clock.sleep(delay_s)
 
     async def _list(self, list_call: Callable[..., Any], selector: str) -> tuple[list[RawObject], str]:
@@ -257,7 +279,7 @@ class KubeSource:
             response = list_call(
                 label_selector=selector or None,
                 _preload_content=False,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._timing.request_timeout_s,
             )
             _check_status(response, "list", None)
             body = json.loads(response.data)
@@ -293,10 +315,10 @@ class KubeSource:
                 watch=True,
                 label_selector=selector or None,
                 resource_version=resource_version,
-                timeout_seconds=self._watch_timeout_s,
+                timeout_seconds=self._timing.watch_timeout_s,
                 allow_watch_bookmarks=True,
                 _preload_content=False,
-                _request_timeout=(self._request_timeout_s, self._watch_timeout_s + self._request_timeout_s),
+                _request_timeout=(self._timing.request_timeout_s, self._timing.watch_read_timeout_s),
             )
             _check_status(response, "watch", resource_version)
             try:
@@ -338,7 +360,7 @@ class KubeSource:
     def _mark_listed(self, name: str) -> None:
         self._listed.add(name)
         if {"pool", "pods", "models", "objectives"} <= self._listed and not self.synced.is_set():
-            log.info("kubernetes source synced", extra={"pool": self._pool_name})
+            log.info("kubernetes source synced", extra={"pool": self._pool.name})
             self.synced.set()
 
     def _replace_for(self, name: str) -> Callable[[list[RawObject]], None]:
@@ -354,19 +376,19 @@ class KubeSource:
         def list_call(**kwargs: Any) -> Any:
             self._check_call(resource.group, resource.plural, "watch" if kwargs.get("watch") else "list")
             return self._custom.list_namespaced_custom_object(
-                resource.group, resource.version, self._namespace, resource.plural, **kwargs
+                resource.group, resource.version, self._pool.namespace, resource.plural, **kwargs
             )
 
         return list_call
 
     def _list_pool(self, **kwargs: Any) -> Any:
         return self._list_custom(self._pool_resource)(
-            field_selector=f"metadata.name={self._pool_name}", **kwargs
+            field_selector=f"metadata.name={self._pool.name}", **kwargs
         )
 
     def _list_pods(self, **kwargs: Any) -> Any:
         self._check_call("", "pods", "watch" if kwargs.get("watch") else "list")
-        return self._core.list_namespaced_pod(self._namespace, **kwargs)
+        return self._core.list_namespaced_pod(self._pool.namespace, **kwargs)
 
     @staticmethod
     def _check_call(group: str, resource: str, verb: str) -> None:
@@ -376,7 +398,7 @@ class KubeSource:
     # -- pool ------------------------------------------------------------------------------
 
     def _replace_pool(self, items: list[RawObject]) -> None:
-        named = [o for o in items if _key_of(o) == (self._namespace, self._pool_name)]
+        named = [o for o in items if _key_of(o) == (self._pool.namespace, self._pool.name)]
         if named:
             self._apply_pool("ADDED", named[0])
         elif self._datastore.pool is not None:
@@ -387,7 +409,7 @@ class KubeSource:
             return
         if event_type == "DELETED" or (obj.get("metadata") or {}).get("deletionTimestamp"):
             if self._datastore.pool is not None:
-                log.warning("inference pool deleted", extra={"pool": self._pool_name})
+                log.warning("inference pool deleted", extra={"pool": self._pool.name})
                 self._datastore.set_pool(None)
                 self._pool_changed.set()
             return
@@ -398,7 +420,7 @@ class KubeSource:
         raw.setdefault("apiVersion", self._pool_resource.api_version)
         raw.setdefault("kind", "InferencePool")
         try:
-            pool = parse_pool(raw, default_namespace=self._namespace)
+            pool = parse_pool(raw, default_namespace=self._pool.namespace)
         except ObjectError as error:
             self._reject(raw, error)
             return
@@ -468,7 +490,7 @@ class KubeSource:
         raw.setdefault("apiVersion", POD.api_version)
         raw.setdefault("kind", "Pod")
         try:
-            return parse_pod(raw, default_namespace=self._namespace)
+            return parse_pod(raw, default_namespace=self._pool.namespace)
         except ObjectError as error:
             log.warning("ignoring unreadable pod", extra={"pod": _key_of(obj)[1], "error": str(error)})
             return None
@@ -503,7 +525,7 @@ class KubeSource:
         raw.setdefault("apiVersion", INFERENCE_MODEL.api_version)
         raw.setdefault("kind", "InferenceModel")
         try:
-            return parse_inference_model(raw, default_namespace=self._namespace)
+            return parse_inference_model(raw, default_namespace=self._pool.namespace)
         except ObjectError as error:
             self._reject(raw, error)
             return None
@@ -543,7 +565,7 @@ class KubeSource:
         raw.setdefault("apiVersion", INFERENCE_OBJECTIVE.api_version)
         raw.setdefault("kind", "InferenceObjective")
         try:
-            return parse_inference_objective(raw, default_namespace=self._namespace)
+            return parse_inference_objective(raw, default_namespace=self._pool.namespace)
         except ObjectError as error:
             self._reject(raw, error)
             return None
@@ -602,7 +624,7 @@ class KubeSource:
                 INFERENCE_MODEL.plural,
                 key[1],
                 body,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._timing.request_timeout_s,
             )
 
         try:
@@ -661,12 +683,12 @@ class KubeSource:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": self._namespace},
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": self._pool.namespace},
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion"),
                 "kind": obj.get("kind"),
                 "name": meta.get("name"),
-                "namespace": meta.get("namespace", self._namespace),
+                "namespace": meta.get("namespace", self._pool.namespace),
                 "uid": meta.get("uid"),
                 "resourceVersion": meta.get("resourceVersion"),
             },
@@ -695,7 +717,7 @@ class KubeSource:
             def call(body: k8s.CoreV1Event = body) -> None:
                 self._check_call("", "events", "create")
                 self._core.create_namespaced_event(
-                    self._namespace, body, _request_timeout=self._request_timeout_s
+                    self._pool.namespace, body, _request_timeout=self._timing.request_timeout_s
                 )
 
             try:

@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -56,6 +56,8 @@ from epp.serve import config
 from epp.serve.config import ServeSettings
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
     from epp.kube.leader import LeaderElector
 
 log = logging.getLogger(__name__)
@@ -133,10 +135,43 @@ async def _serve(
     stop: asyncio.Event,
     on_started: Callable[[BoundPorts], None] | None,
 ) -> None:
+    """Build, bind, start, run until stopped, then drain and take everything down in order."""
+    # Read first: a missing token file is a start-up error, before anything starts.
     metrics_token = (
         read_token_file(settings.metrics_auth_token_file) if settings.metrics_auth_token_file else None
     )
-    datastore = Datastore(clock)
+    parts = _build_parts(settings, clock)
+    servers = await _open_servers(settings, parts, clock, metrics_token)
+    try:
+        await servers.start()
+        _log_serving(settings, servers.ports, parts.director)
+        if on_started is not None:
+            on_started(servers.ports)
+        await _run_tasks(
+            servers.lifecycle(stop, settings.drain_period_s),
+            parts.datastore,
+            parts.synced,
+            parts.elector,
+            parts.source,
+            parts.refresher,
+            *parts.adapters.runnables,
+        )
+    finally:
+        await servers.stop(settings.grace_period_s)
+        await parts.close()
+        log.info("epp stopped")
+
+
+@dataclass(frozen=True, slots=True)
+class _Telemetry:
+    """Metrics registry, decision observer and (with `--tracing`) the span exporter's provider."""
+
+    registry: CollectorRegistry
+    observer: Observer
+    provider: TracerProvider | None
+
+
+def _build_telemetry(settings: ServeSettings, datastore: Datastore, clock: Clock) -> _Telemetry:
     registry = _default_registry()
     registry.register(PoolCollector(datastore, clock))
     provider = tracing.build_tracer_provider() if settings.tracing else None
@@ -146,34 +181,87 @@ async def _serve(
         clock,
         tracer=tracing.decision_tracer(provider),
     )
-    director, scheduler_state = _build_director(settings, datastore, clock, observer)
+    return _Telemetry(registry, observer, provider)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """Everything `serve` runs, built from the flags; nothing listens or runs yet, so a bad
+    configuration fails here with no port taken."""
+
+    datastore: Datastore
+    telemetry: _Telemetry
+    director: Director
+    source: _Runnable
+    synced: Callable[[], bool]
+    refresher: _Runnable
+    elector: LeaderElector | None
+    adapters: _Adapters
+
+    async def close(self) -> None:
+        """Release what outlives the tasks: the adapter loader's session, queued trace spans."""
+        if self.adapters.loader is not None:
+            await self.adapters.loader.close()
+        if self.telemetry.provider is not None:
+            await asyncio.to_thread(self.telemetry.provider.shutdown)  # flushes queued spans off the loop
+
+
+def _build_parts(settings: ServeSettings, clock: Clock) -> _Parts:
+    datastore = Datastore(clock)
+    telemetry = _build_telemetry(settings, datastore, clock)
+    director, scheduler_state = _build_director(settings, datastore, clock, telemetry.observer)
     source, synced = _build_source(settings, datastore, clock)
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
-
     adapters = _build_adapters(settings, datastore, clock, scheduler_state)
-    loader = adapters.loader
     if adapters.parts is not None:
-        registry.register(AdapterCollector(adapters.parts))
+        telemetry.registry.register(AdapterCollector(adapters.parts))
+    return _Parts(datastore, telemetry, director, source, synced, refresher, elector, adapters)
 
-    health = Health(leader_election=elector is not None)
+
+@dataclass(slots=True)
+class _Servers:
+    """The ext_proc, gRPC health and metrics listeners, and the health state they report.
+
+    Every port is bound when this is built (a taken port fails start-up); the gRPC servers
+    accept only after `start`. `stop` takes them down in drain order.
+    """
+
+    health: Health
+    completions: Completions
+    access_log: AccessLogReceiver
+    ext_proc: grpc.aio.Server
+    grpc_health: grpc.aio.Server
+    http: web.AppRunner
+    ports: BoundPorts
+    _started: list[grpc.aio.Server] = field(default_factory=list, init=False)
+
+    async def start(self) -> None:
+        for server in (self.grpc_health, self.ext_proc):
+            await server.start()
+            self._started.append(server)
+
+    def lifecycle(self, stop: asyncio.Event, drain_period_s: float) -> _Lifecycle:
+        return _Lifecycle(stop, self.health, drain_period_s, self.access_log, self.completions)
+
+    async def stop(self, grace_s: float) -> None:
+        """NOT_SERVING first; ext_proc gets `grace_s` for open streams to finish."""
+        await self.health.shutdown()
+        if self.ext_proc in self._started:
+            await self.ext_proc.stop(grace_s)
+        if self.grpc_health in self._started:
+            await self.grpc_health.stop(0)
+        await self.http.cleanup()
+
+
+async def _open_servers(
+    settings: ServeSettings, parts: _Parts, clock: Clock, metrics_token: str | None
+) -> _Servers:
+    health = Health(leader_election=parts.elector is not None)
     await health.start()
     completions = Completions(clock, wait_s=settings.access_log_timeout_s)
     access_log = AccessLogReceiver(completions)
-    processor = ExternalProcessor(
-        StreamOptions(
-            director,
-            StreamSettings(
-                default_body_mode=settings.body_mode,
-                max_request_body_bytes=settings.max_request_body_bytes,
-                max_header_bytes=settings.max_header_bytes,
-            ),
-            on_finished=observer.on_finished,
-            clock=clock,
-            hold=functools.partial(hold_for_adapter, loader, director) if loader is not None else None,
-            completions=completions,
-        )
-    )
+    processor = _build_processor(settings, parts, completions, clock)
     credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
     ext_server, grpc_port = build_ext_proc_server(
         processor,
@@ -186,55 +274,59 @@ async def _serve(
     health_server, health_port = build_health_server(
         health, host=settings.host, port=settings.grpc_health_port
     )
+    http_app = _build_http_app(parts, health, metrics_token)
+    runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
+    ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port)
+    return _Servers(health, completions, access_log, ext_server, health_server, runner, ports)
+
+
+def _build_processor(
+    settings: ServeSettings, parts: _Parts, completions: Completions, clock: Clock
+) -> ExternalProcessor:
+    """The ext_proc handler: routes through the director; with a loader, holds a request for an
+    adapter that is not loaded anywhere yet."""
+    loader = parts.adapters.loader
+    director = parts.director
+    return ExternalProcessor(
+        StreamOptions(
+            director,
+            StreamSettings(
+                default_body_mode=settings.body_mode,
+                max_request_body_bytes=settings.max_request_body_bytes,
+                max_header_bytes=settings.max_header_bytes,
+            ),
+            on_finished=parts.telemetry.observer.on_finished,
+            clock=clock,
+            hold=functools.partial(hold_for_adapter, loader, director) if loader is not None else None,
+            completions=completions,
+        )
+    )
+
+
+def _build_http_app(parts: _Parts, health: Health, metrics_token: str | None) -> web.Application:
+    """Metrics, readiness and the debug routes; behind a bearer token when one is configured."""
     http_app = build_app(
-        registry,
+        parts.telemetry.registry,
         ready=lambda: health.ready,
-        extra_routes=(decisions_route(observer.decisions), *adapters.routes),
+        extra_routes=(decisions_route(parts.telemetry.observer.decisions), *parts.adapters.routes),
     )
     if metrics_token is not None:
         http_app.middlewares.append(bearer_auth_middleware(metrics_token))
-    runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
-    servers_started: list[grpc.aio.Server] = []
-    try:
-        await health_server.start()
-        servers_started.append(health_server)
-        await ext_server.start()
-        servers_started.append(ext_server)
-        ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port)
-        log.info(
-            "epp serving",
-            extra={
-                "grpc_port": ports.grpc,
-                "health_port": ports.health,
-                "metrics_port": ports.metrics,
-                "secure_serving": settings.secure_serving,
-                "scheduler": director.scheduler.name,
-                "pool": f"{settings.pool_namespace}/{settings.pool_name}",
-            },
-        )
-        if on_started is not None:
-            on_started(ports)
-        await _run_tasks(
-            _Lifecycle(stop, health, settings.drain_period_s, access_log, completions),
-            datastore,
-            synced,
-            elector,
-            source,
-            refresher,
-            *adapters.runnables,
-        )
-    finally:
-        await health.shutdown()
-        if ext_server in servers_started:
-            await ext_server.stop(settings.grace_period_s)
-        if health_server in servers_started:
-            await health_server.stop(0)
-        await runner.cleanup()
-        if loader is not None:
-            await loader.close()
-        if provider is not None:
-            await asyncio.to_thread(provider.shutdown)  # flushes queued spans off the loop
-        log.info("epp stopped")
+    return http_app
+
+
+def _log_serving(settings: ServeSettings, ports: BoundPorts, director: Director) -> None:
+    log.info(
+        "epp serving",
+        extra={
+            "grpc_port": ports.grpc,
+            "health_port": ports.health,
+            "metrics_port": ports.metrics,
+            "secure_serving": settings.secure_serving,
+            "scheduler": director.scheduler.name,
+            "pool": f"{settings.pool_namespace}/{settings.pool_name}",
+        },
+    )
 
 
 def _default_registry() -> CollectorRegistry:
@@ -409,13 +501,11 @@ def _build_source(
         )
         file_source.load()
         return file_source, lambda: True
-    from epp.kube.watch import KubeSource
+    from epp.kube.watch import KubeSource, PoolRef
 
     kube_source = KubeSource(
         datastore,
-        pool_name=settings.pool_name,
-        pool_namespace=settings.pool_namespace,
-        pool_group=settings.pool_group,
+        pool=PoolRef(name=settings.pool_name, namespace=settings.pool_namespace, group=settings.pool_group),
         kubeconfig=settings.kubeconfig,
         clock=clock,
     )
@@ -442,12 +532,12 @@ def _build_refresher(settings: ServeSettings, datastore: Datastore, clock: Clock
 def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | None:
     if not settings.ha_enable_leader_election:
         return None
-    from epp.kube.leader import LeaderElector
+    from epp.kube.leader import LeaderElector, LeaseClaim
 
     return LeaderElector(
-        lease_name=settings.lease_name,
-        namespace=settings.pool_namespace,
-        identity=socket.gethostname(),
+        claim=LeaseClaim(
+            name=settings.lease_name, namespace=settings.pool_namespace, identity=socket.gethostname()
+        ),
         kubeconfig=settings.kubeconfig,
         clock=clock,
     )

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from epp.clock import SystemClock
-from epp.kube.watch import API_CALLS, KubeSource
+from epp.kube.watch import API_CALLS, KubeSource, PoolRef, WatchTiming
 from epp.picker.datastore.store import Datastore
 from tests.fakekube.plugin import KubeEnv, needs_fake
 from tests.support.waiting import eventually
@@ -82,14 +82,16 @@ async def running(env: KubeEnv, **kwargs: Any) -> AsyncIterator[tuple[Datastore,
     datastore = Datastore(clock)
     source = KubeSource(
         datastore,
-        pool_name=POOL_NAME,
-        pool_namespace=env.namespace,
-        pool_group=kwargs.pop("pool_group", "inference.networking.k8s.io"),
+        pool=PoolRef(
+            name=POOL_NAME,
+            namespace=env.namespace,
+            group=kwargs.pop("pool_group", "inference.networking.k8s.io"),
+        ),
         kubeconfig=env.kubeconfig,
         clock=clock,
-        watch_timeout_s=kwargs.pop("watch_timeout_s", 2),
-        backoff_initial_s=0.05,
-        backoff_max_s=0.5,
+        timing=WatchTiming(
+            watch_timeout_s=kwargs.pop("watch_timeout_s", 2), backoff_initial_s=0.05, backoff_max_s=0.5
+        ),
         **kwargs,
     )
     task = asyncio.create_task(source.run())

@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from epp.clock import SystemClock
-from epp.kube.leader import API_CALLS, LeaderElector, lease_name_for
+from epp.kube.leader import API_CALLS, LeaderElector, LeaseClaim, LeaseTiming, lease_name_for
 from tests.fakekube.plugin import KubeEnv
 from tests.support.waiting import eventually
 
@@ -22,14 +22,16 @@ RETRY_PERIOD_S = 0.2
 
 def elector(env: KubeEnv, identity: str) -> LeaderElector:
     return LeaderElector(
-        lease_name=lease_name_for(env.namespace, "pool-a"),
-        namespace=env.namespace,
-        identity=identity,
+        claim=LeaseClaim(
+            name=lease_name_for(env.namespace, "pool-a"), namespace=env.namespace, identity=identity
+        ),
         kubeconfig=env.kubeconfig,
         clock=SystemClock(),
-        lease_duration_s=LEASE_DURATION_S,
-        renew_deadline_s=RENEW_DEADLINE_S,
-        retry_period_s=RETRY_PERIOD_S,
+        timing=LeaseTiming(
+            lease_duration_s=LEASE_DURATION_S,
+            renew_deadline_s=RENEW_DEADLINE_S,
+            retry_period_s=RETRY_PERIOD_S,
+        ),
     )
 
 
@@ -108,11 +110,8 @@ async def test_a_crashed_leader_loses_the_lease_within_one_duration(kube: KubeEn
 async def test_bad_timing_is_refused(kube: KubeEnv) -> None:
     with pytest.raises(ValueError, match="retry_period_s"):
         LeaderElector(
-            lease_name="x",
-            namespace=kube.namespace,
-            identity="a",
+            claim=LeaseClaim(name="x", namespace=kube.namespace, identity="a"),
             kubeconfig=kube.kubeconfig,
             clock=SystemClock(),
-            lease_duration_s=1,
-            renew_deadline_s=2,
+            timing=LeaseTiming(lease_duration_s=1, renew_deadline_s=2),
         )

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.framework import ScheduleContext, is_base_model
+from epp.picker.scheduling.residency import PodResidency
 from epp.picker.scheduling.scorers.load_signals import effective_loads
+from epp.picker.scheduling.state import SchedulerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,88 +54,108 @@ class AdapterAffinityScorer:
     protect_ratio: float = 2.0  # a sole home is protected from adapters this many times colder
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
-        state = ctx.state
-        request = ctx.request
-        n = len(endpoints)
-        if is_base_model(request, state, endpoints):
-            for e in endpoints:
-                ctx.reasons[e.endpoint.name] = "base-model"
-            return [1.0] * n
-        adapter = request.target_model
-        now = ctx.now
-        inflight = state.inflight
-        residency = state.residency
-        popularity = state.popularity
-        loads = effective_loads(ctx, endpoints)
-        least = min(loads)
-        spill_above = least + self.spill_queue_threshold + self.spill_load_ratio * least
-        homes = residency.homes(adapter)
-        share = popularity.share(adapter, now)
-        desired_homes = max(1, math.ceil(share * n * self.home_spread))
-        widen = len(homes) < desired_homes
-        free_score = self.widen_slot if widen else self.free_slot
-        target_rate = popularity.rate(adapter, now)
-        default_slots = residency.params.default_max_lora
-        pods = residency.pods
-        get_pod = pods.get
-        adapter_count = inflight.adapter_count
-        drain_after_s = self.drain_after_s
         reasons = ctx.reasons
+        if is_base_model(ctx.request, ctx.state, endpoints):
+            for e in endpoints:
+                reasons[e.endpoint.name] = "base-model"
+            return [1.0] * len(endpoints)
+        placement = self._placement(ctx, endpoints)
         out: list[float] = []
         append = out.append
         for i, e in enumerate(endpoints):
-            name = e.endpoint.name
-            m = e.metrics
-            if m is not None and not m.lora_enabled and m.max_lora == 0:
-                # Scraped without the LoRA family: this pod serves no adapters.
-                append(0.0)
-                reasons[name] = "no-lora"
-                continue
-            pod = get_pod(name)
-            # Our routing and every scrape put an in-flight adapter into its pod's GPU set, and
-            # an adapter with requests in flight is never evicted: so homes ⊇ active pods.
-            if pod is not None and name in homes:
-                # Only a pod with a slot waiter or deferred requests can be draining.
-                if (pod.waiters or pod.deferred_since is not None) and adapter == residency.drain_target(
-                    name, pod, now, drain_after_s
-                ):
-                    append(self.draining_home)
-                    reasons[name] = "draining-home"
-                elif loads[i] > spill_above:
-                    append(self.saturated_home)
-                    reasons[name] = "saturated-home"
-                elif adapter in pod.observed_active or adapter_count(name, adapter) > 0:
-                    append(self.active)
-                    reasons[name] = "adapter-active"
-                else:
-                    conf = pod.gpu.get(adapter, 1.0)
-                    append(self.free_slot + (self.resident - self.free_slot) * conf)
-                    reasons[name] = "adapter-resident"
-                continue
-            deferred = m is not None and m.deferred_requests > 0
-            if pod is not None:
-                free = pod.slots - len(pod.gpu)
-            else:
-                free = m.max_lora if m and m.max_lora else default_slots
-            if free > 0 and not deferred:
-                append(free_score)
-                reasons[name] = "free-slot"
-                continue
-            victim = residency.victim(name, pod) if pod is not None else None
-            if victim is None:
-                append(0.0)  # every slot is busy: the request would wait for one
-                reasons[name] = "slot-wait"
-                continue
-            victim_rate = popularity.rate(victim, now)
-            victim_homes = residency.homes(victim)
-            if len(victim_homes) <= 1 and victim_rate > self.protect_ratio * (target_rate + 1.0):
-                append(0.0)  # never evict a hotter adapter's only home for a colder one
-                reasons[name] = "evict-protected"
-                continue
-            coldness = (target_rate + 1.0) / (target_rate + victim_rate + 2.0)
-            value = self.evict * coldness
-            if pod is not None and adapter in pod.cpu:
-                value = min(self.evict, value + self.cpu_tier_bonus)
+            value, reason = self._score_pod(ctx.state, placement, e, placement.loads[i])
             append(value)
-            reasons[name] = "evict"
+            reasons[e.endpoint.name] = reason
         return out
+
+    def _placement(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> _Placement:
+        """The per-request facts every pod's score shares, computed once per decision."""
+        adapter = ctx.request.target_model
+        now = ctx.now
+        popularity = ctx.state.popularity
+        loads = effective_loads(ctx, endpoints)
+        least = min(loads)
+        homes = ctx.state.residency.homes(adapter)
+        share = popularity.share(adapter, now)
+        desired_homes = max(1, math.ceil(share * len(endpoints) * self.home_spread))
+        return _Placement(
+            adapter=adapter,
+            now=now,
+            loads=loads,
+            spill_above=least + self.spill_queue_threshold + self.spill_load_ratio * least,
+            homes=homes,
+            # Too few homes for its traffic: a free slot elsewhere widens the set, so it scores higher.
+            free_score=self.widen_slot if len(homes) < desired_homes else self.free_slot,
+            target_rate=popularity.rate(adapter, now),
+        )
+
+    def _score_pod(
+        self, state: SchedulerState, placement: _Placement, e: EndpointState, load: float
+    ) -> tuple[float, str]:
+        """One pod's score and its reason: home, free slot, or the cost of a swap, in that order."""
+        name = e.endpoint.name
+        m = e.metrics
+        if m is not None and not m.lora_enabled and m.max_lora == 0:
+            return 0.0, "no-lora"  # scraped without the LoRA family: this pod serves no adapters
+        residency = state.residency
+        pod = residency.pods.get(name)
+        # Our routing and every scrape put an in-flight adapter into its pod's GPU set, and
+        # an adapter with requests in flight is never evicted: so homes ⊇ active pods.
+        if pod is not None and name in placement.homes:
+            return self._home_score(state, placement, name, pod, load)
+        deferred = m is not None and m.deferred_requests > 0
+        if pod is not None:
+            free = pod.slots - len(pod.gpu)
+        else:
+            free = m.max_lora if m and m.max_lora else residency.params.default_max_lora
+        if free > 0 and not deferred:
+            return placement.free_score, "free-slot"
+        return self._swap_score(state, placement, name, pod)
+
+    def _home_score(
+        self, state: SchedulerState, placement: _Placement, name: str, pod: PodResidency, load: float
+    ) -> tuple[float, str]:
+        """A pod already holding the adapter: best, unless it is being drained or is a hotspot."""
+        adapter = placement.adapter
+        # Only a pod with a slot waiter or deferred requests can be draining.
+        if (pod.waiters or pod.deferred_since is not None) and adapter == state.residency.drain_target(
+            name, pod, placement.now, self.drain_after_s
+        ):
+            return self.draining_home, "draining-home"
+        if load > placement.spill_above:
+            return self.saturated_home, "saturated-home"
+        if adapter in pod.observed_active or state.inflight.adapter_count(name, adapter) > 0:
+            return self.active, "adapter-active"
+        conf = pod.gpu.get(adapter, 1.0)
+        return self.free_slot + (self.resident - self.free_slot) * conf, "adapter-resident"
+
+    def _swap_score(
+        self, state: SchedulerState, placement: _Placement, name: str, pod: PodResidency | None
+    ) -> tuple[float, str]:
+        """A full pod: loading the adapter evicts the LRU idle one, worth more the colder that is."""
+        victim = state.residency.victim(name, pod) if pod is not None else None
+        if victim is None:
+            return 0.0, "slot-wait"  # every slot is busy: the request would wait for one
+        target_rate = placement.target_rate
+        victim_rate = state.popularity.rate(victim, placement.now)
+        victim_homes = state.residency.homes(victim)
+        if len(victim_homes) <= 1 and victim_rate > self.protect_ratio * (target_rate + 1.0):
+            return 0.0, "evict-protected"  # never evict a hotter adapter's only home for a colder one
+        coldness = (target_rate + 1.0) / (target_rate + victim_rate + 2.0)
+        value = self.evict * coldness
+        if pod is not None and placement.adapter in pod.cpu:
+            value = min(self.evict, value + self.cpu_tier_bonus)
+        return value, "evict"
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """Where the requested adapter stands across the candidates: its homes, traffic and the load bar."""
+
+    adapter: str
+    now: float
+    loads: list[float]
+    spill_above: float  # a home loaded above this is a hotspot
+    homes: frozenset[str] | set[str]
+    free_score: float  # `widenSlot` while the adapter has fewer homes than its traffic asks for
+    target_rate: float
