@@ -18,6 +18,7 @@ from e2e.stack import Baseline, Split
 from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.config import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions, pool_yaml
+from tests.support import faults
 
 POOL_NAME = "sim-pool"  # the name epp.tools.localstack gives its pool
 
@@ -80,16 +81,16 @@ class LocalE2EStack:
     def delete_pod(self, name: str) -> None:
         self._deleted.add(name)
         self._write_pool_file()
-        self.local.kill_pod(name)
+        faults.kill_pod(self.local, name)
 
     @contextlib.contextmanager
     def _epp_stopped(self) -> Iterator[None]:
-        self.local.stop_epp()
+        faults.stop_epp(self.local)
         try:
-            self.local.wait_envoy_sees_epp_down()
+            faults.wait_envoy_sees_epp_down(self.local)
             yield
         finally:
-            self.local.restart_epp()
+            faults.restart_epp(self.local)
 
     def epp_stopped(self) -> AbstractContextManager[None]:
         return self._epp_stopped()

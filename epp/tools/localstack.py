@@ -76,7 +76,7 @@ class StackOptions:
     )
     access_log: bool = True  # Envoy's gRPC access log to the EPP
     # Endpoints in Envoy's EPP cluster, each with its own ports; one runs at start, the others
-    # are free for `rolling_restart_epp` (a new EPP comes up before the old one drains).
+    # are free for a rolling restart (a new EPP comes up before the old one drains).
     epp_slots: int = 1
     policy: str | None = None  # `epp serve --policy`; None = its default
     # How the EPP is started (benchmarks run another checkout's EPP beside this one's this way).
@@ -169,7 +169,7 @@ def pool_yaml(
     return "---\n".join(docs)
 
 
-class _Child:
+class Child:
     """One child process with its log file."""
 
     def __init__(self, name: str, command: list[str], log_path: pathlib.Path) -> None:
@@ -198,11 +198,6 @@ class _Child:
             self.process.kill()
             self.process.wait(timeout=grace_s)
 
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=5.0)
-
 
 @dataclasses.dataclass(slots=True)
 class EppSlot:
@@ -211,7 +206,7 @@ class EppSlot:
     grpc_port: int
     health_port: int
     metrics_port: int
-    process: _Child | None = None
+    process: Child | None = None
 
     @property
     def alive(self) -> bool:
@@ -242,8 +237,8 @@ class LocalStack:
         self._rng = random.Random(seed)
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="epp-localstack-"))
         self.pods: list[Pod] = []
-        self._sims: dict[str, _Child] = {}
-        self._sidecars: dict[str, _Child] = {}
+        self._sims: dict[str, Child] = {}
+        self._sidecars: dict[str, Child] = {}
         self.sidecar_port = 0
         self._sidecar_starts: dict[str, int] = {}
         self._slots: list[EppSlot] = []
@@ -268,8 +263,26 @@ class LocalStack:
     @property
     def epp_pid(self) -> int | None:
         """The process id of the EPP started last, while it runs."""
-        slot = self._slots[self._current] if self._slots else None
+        slot = self.epp_slot
         return slot.process.process.pid if slot is not None and slot.process is not None else None
+
+    @property
+    def epp_slots(self) -> tuple[EppSlot, ...]:
+        """Every endpoint of Envoy's EPP cluster (`StackOptions.epp_slots`), running or not."""
+        return tuple(self._slots)
+
+    @property
+    def epp_slot(self) -> EppSlot | None:
+        """The slot of the EPP started last; None before `start()`."""
+        return self._slots[self._current] if self._slots else None
+
+    def sim_process(self, pod_name: str) -> Child:
+        """The `epp sim` process serving pod `pod_name`."""
+        return self._sims[pod_name]
+
+    def sidecar_process(self, pod_name: str) -> Child:
+        """The adapter-state sidecar of pod `pod_name` started last."""
+        return self._sidecars[pod_name]
 
     # ----- lifecycle -----
 
@@ -309,7 +322,7 @@ class LocalStack:
         assert self.envoy is not None
         self.envoy.start(ready_timeout_s=max(1.0, deadline - self._clock.now()))
         if slot.process is not None:
-            self._wait(functools.partial(self._envoy_sees_epp, slot, "healthy"), slot.process, deadline)
+            self._wait(functools.partial(self.envoy_sees_epp, slot, "healthy"), slot.process, deadline)
 
     def _start_sim(self, pod: Pod) -> None:
         sim = self.options.sim
@@ -328,7 +341,7 @@ class LocalStack:
         if sim.adapters:
             command += ["--lora-modules", *(f"{name}=/adapters/{name}" for name in sim.adapters)]
         command += list(sim.extra_args)
-        self._sims[pod.name] = _Child(pod.name, command, self.workdir / f"{pod.name}.log")
+        self._sims[pod.name] = Child(pod.name, command, self.workdir / f"{pod.name}.log")
 
     def _start_epp(self, slot: EppSlot) -> None:
         opts = self.options
@@ -351,7 +364,7 @@ class LocalStack:
         command += list(opts.extra_serve_args)
         self._epp_starts += 1
         log_name = "epp.log" if self._epp_starts == 1 else f"epp-{self._epp_starts}.log"
-        slot.process = _Child("epp", command, self.workdir / log_name)
+        slot.process = Child("epp", command, self.workdir / log_name)
         self._current = self._slots.index(slot)
 
     def _start_envoy(self) -> None:
@@ -406,10 +419,7 @@ class LocalStack:
     ) -> None:
         self.stop()
 
-    # ----- fault injection -----
-
-    def kill_pod(self, name: str) -> None:
-        self._sims[name].kill()
+    # ----- processes -----
 
     def start_sidecar(self, name: str) -> None:
         """(Re)start the adapter-state sidecar of pod `name` on `sidecar_port`."""
@@ -426,10 +436,7 @@ class LocalStack:
         starts = self._sidecar_starts.get(name, 0) + 1
         self._sidecar_starts[name] = starts
         log_path = self.workdir / f"{name}-sidecar-{starts}.log"
-        self._sidecars[name] = _Child(f"{name}-sidecar", command, log_path)
-
-    def kill_sidecar(self, name: str) -> None:
-        self._sidecars[name].kill()
+        self._sidecars[name] = Child(f"{name}-sidecar", command, log_path)
 
     def sidecar_listening(self, name: str) -> bool:
         pod = next(p for p in self.pods if p.name == name)
@@ -437,64 +444,17 @@ class LocalStack:
             sock.settimeout(1.0)
             return sock.connect_ex((pod.ip, self.sidecar_port)) == 0
 
-    def sidecar_logs(self, name: str) -> list[str]:
-        """Every log of pod `name`'s sidecars, oldest first (one per start)."""
-        starts = range(1, self._sidecar_starts.get(name, 0) + 1)
-        return [(self.workdir / f"{name}-sidecar-{n}.log").read_text(errors="replace") for n in starts]
+    def start_epp_slot(self, slot: EppSlot, *, timeout_s: float = 30.0) -> None:
+        """Start an EPP in `slot` (one of `epp_slots`, not running) and make it the current one.
 
-    def stop_epp(self) -> None:
-        """SIGKILL the current EPP (a crash, an OOM kill, a lost node)."""
-        process = self._slots[self._current].process if self._slots else None
-        if process is not None:
-            process.kill()
-
-    def terminate_epp(self) -> _Child | None:
-        """SIGTERM the current EPP (it drains and exits by itself); returns its process."""
-        process = self._slots[self._current].process if self._slots else None
-        if process is not None and process.alive():
-            process.process.terminate()
-        return process
-
-    def restart_epp(self, *, timeout_s: float = 30.0) -> None:
-        """Kill the current EPP and start a new one in its slot (a crash and its restart)."""
-        slot = self._slots[self._current]
-        if slot.process is not None:
-            slot.process.kill()
+        Returns once it serves and Envoy's health checks see it, so that what follows can rely
+        on it (restarts and rolling restarts of the EPP are built on this).
+        """
         self._start_epp(slot)
-        self._wait_serving(slot, timeout_s)
-
-    def rolling_restart_epp(self, *, timeout_s: float = 60.0) -> None:
-        """Replace the current EPP as a Deployment rollout does: a new one in a free slot first,
-        then SIGTERM to the old one, which drains; returns once the old one has exited."""
-        free = [slot for slot in self._slots if not slot.alive]
-        if not free:
-            raise StackError("a rolling restart needs a free EPP slot (StackOptions.epp_slots >= 2)")
-        old = self._slots[self._current]
-        new = free[0]
-        self._start_epp(new)
-        self._wait_serving(new, timeout_s)
-        if old.process is None or not old.process.alive():
-            return
-        old.process.process.terminate()
-        try:
-            old.process.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired as err:
-            raise StackError(f"the old EPP did not exit within {timeout_s}s of SIGTERM") from err
-
-    def _wait_serving(self, slot: EppSlot, timeout_s: float) -> None:
         assert slot.process is not None
         deadline = self._clock.now() + timeout_s
         self._wait(functools.partial(epp_ready, slot.health_port), slot.process, deadline)
-        self._wait(functools.partial(self._envoy_sees_epp, slot, "healthy"), slot.process, deadline)
-
-    def wait_envoy_sees_epp_down(self, *, timeout_s: float = 15.0) -> None:
-        deadline = self._clock.now() + timeout_s
-        slot = self._slots[self._current]
-        while self._clock.now() < deadline:
-            if self._envoy_sees_epp(slot, "unhealthy"):
-                return
-            time.sleep(0.1)
-        raise StackError("Envoy still sees the EPP as healthy")
+        self._wait(functools.partial(self.envoy_sees_epp, slot, "healthy"), slot.process, deadline)
 
     # ----- observation -----
 
@@ -545,7 +505,7 @@ class LocalStack:
 
     # ----- readiness helpers -----
 
-    def _wait(self, check: Callable[[], bool], child: _Child, deadline: float) -> None:
+    def _wait(self, check: Callable[[], bool], child: Child, deadline: float) -> None:
         while self._clock.now() < deadline:
             if not child.alive():
                 raise StackError(f"{child.name} exited with {child.process.returncode}:\n{child.log_tail()}")
@@ -568,7 +528,7 @@ class LocalStack:
             body: bytes = response.read()
         return body.decode()
 
-    def _envoy_sees_epp(self, slot: EppSlot, health: str) -> bool:
+    def envoy_sees_epp(self, slot: EppSlot, health: str) -> bool:
         """Whether Envoy's health checks see the EPP endpoint of `slot` as `health`."""
         if self.envoy is None:
             return False

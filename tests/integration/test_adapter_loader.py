@@ -31,6 +31,7 @@ from epp.picker.datastore.types import InferenceModel, Metrics
 from epp.picker.director import Director
 from epp.picker.extproc.stream import StreamHandler, StreamOptions
 from epp.tools.localstack import free_port, pick_pod_addresses
+from tests.support.waiting import eventually
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -39,7 +40,9 @@ START_WITHIN_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
-class SimPod:
+class SimPodClient:
+    """A running `epp sim` process and what a test asks it over HTTP (the pod model is elsewhere)."""
+
     address: str
     process: subprocess.Popen[bytes]
 
@@ -69,7 +72,7 @@ def _start(host: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _wait_healthy(pod: SimPod) -> None:
+def _wait_healthy(pod: SimPodClient) -> None:
     deadline = time.monotonic() + START_WITHIN_S
     while time.monotonic() < deadline:
         if pod.process.poll() is not None:
@@ -93,12 +96,12 @@ POD_FLAGS: dict[str, tuple[str, ...]] = {
 
 
 @pytest.fixture(scope="module")
-def pods() -> Iterator[dict[str, SimPod]]:
+def pods() -> Iterator[dict[str, SimPodClient]]:
     hosts, port = pick_pod_addresses(len(POD_FLAGS), random.Random())
-    started: dict[str, SimPod] = {}
+    started: dict[str, SimPodClient] = {}
     try:
         for host, (kind, flags) in zip(hosts, POD_FLAGS.items(), strict=True):
-            started[kind] = SimPod(f"{host}:{port}", _start(host, port, "--pod-name", kind, *flags))
+            started[kind] = SimPodClient(f"{host}:{port}", _start(host, port, "--pod-name", kind, *flags))
         for pod in started.values():
             _wait_healthy(pod)
         yield started
@@ -119,7 +122,7 @@ def loader_for(paths: dict[str, str], load_timeout_s: float = 30.0) -> AdapterLo
 
 
 async def test_first_request_for_an_unregistered_adapter_loads_it_on_the_chosen_pod(
-    pods: dict[str, SimPod],
+    pods: dict[str, SimPodClient],
 ) -> None:
     loader = loader_for({"legal-assistant-v2": "/loras/legal"})
     try:
@@ -139,7 +142,7 @@ async def test_first_request_for_an_unregistered_adapter_loads_it_on_the_chosen_
         await loader.close()
 
 
-async def test_concurrent_requests_for_one_adapter_trigger_one_load(pods: dict[str, SimPod]) -> None:
+async def test_concurrent_requests_for_one_adapter_trigger_one_load(pods: dict[str, SimPodClient]) -> None:
     loader = loader_for({"code-reviewer-xl": "/loras/code"})
     try:
         results = await asyncio.gather(
@@ -153,7 +156,7 @@ async def test_concurrent_requests_for_one_adapter_trigger_one_load(pods: dict[s
         await loader.close()
 
 
-async def test_an_adapter_already_registered_is_not_loaded_again(pods: dict[str, SimPod]) -> None:
+async def test_an_adapter_already_registered_is_not_loaded_again(pods: dict[str, SimPodClient]) -> None:
     loader = loader_for({"static-one": "/static"})
     try:
         result = await loader.ensure_loaded(pods["a"].address, "static-one")
@@ -163,7 +166,7 @@ async def test_an_adapter_already_registered_is_not_loaded_again(pods: dict[str,
         await loader.close()
 
 
-async def test_an_adapter_outside_the_catalogue_is_left_alone(pods: dict[str, SimPod]) -> None:
+async def test_an_adapter_outside_the_catalogue_is_left_alone(pods: dict[str, SimPodClient]) -> None:
     loader = loader_for({})
     try:
         assert await loader.ensure_loaded(pods["a"].address, "anything") is None
@@ -174,7 +177,7 @@ async def test_an_adapter_outside_the_catalogue_is_left_alone(pods: dict[str, Si
 
 
 async def test_a_failed_load_is_a_clear_503_and_breaks_nothing_else(
-    pods: dict[str, SimPod], tmp_path: pathlib.Path
+    pods: dict[str, SimPodClient], tmp_path: pathlib.Path
 ) -> None:
     good = tmp_path / "good-lora"
     good.mkdir()
@@ -200,7 +203,7 @@ async def test_a_failed_load_is_a_clear_503_and_breaks_nothing_else(
         await loader.close()
 
 
-async def test_runtime_updates_disabled_is_explained(pods: dict[str, SimPod]) -> None:
+async def test_runtime_updates_disabled_is_explained(pods: dict[str, SimPodClient]) -> None:
     loader = loader_for({"x": "/x"})
     try:
         with pytest.raises(EppError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
@@ -219,7 +222,7 @@ async def test_an_unreachable_pod_is_a_503() -> None:
         await loader.close()
 
 
-async def test_a_slow_load_times_out_with_its_own_reason(pods: dict[str, SimPod]) -> None:
+async def test_a_slow_load_times_out_with_its_own_reason(pods: dict[str, SimPodClient]) -> None:
     loader = loader_for({"slow-one": "/slow"}, load_timeout_s=0.3)
     try:
         with pytest.raises(EppError) as caught:
@@ -230,7 +233,9 @@ async def test_a_slow_load_times_out_with_its_own_reason(pods: dict[str, SimPod]
         await loader.close()
 
 
-async def test_a_waiter_that_goes_away_does_not_cancel_the_load_for_others(pods: dict[str, SimPod]) -> None:
+async def test_a_waiter_that_goes_away_does_not_cancel_the_load_for_others(
+    pods: dict[str, SimPodClient],
+) -> None:
     loader = loader_for({"shared-load": "/shared"})
     try:
         leaving = asyncio.create_task(loader.ensure_loaded(pods["b"].address, "shared-load"))
@@ -246,7 +251,7 @@ async def test_a_waiter_that_goes_away_does_not_cancel_the_load_for_others(pods:
         await loader.close()
 
 
-async def test_preload_all_loads_every_catalogue_adapter_on_every_pod(pods: dict[str, SimPod]) -> None:
+async def test_preload_all_loads_every_catalogue_adapter_on_every_pod(pods: dict[str, SimPodClient]) -> None:
     """`preloadStrategy: all` over HTTP: both pods get every adapter; what a pod had is not ours."""
     hosts = [pods[kind].address.rpartition(":")[0] for kind in ("a", "b")]
     port = int(pods["a"].address.rpartition(":")[2])
@@ -273,7 +278,7 @@ async def test_preload_all_loads_every_catalogue_adapter_on_every_pod(pods: dict
         await loader.close()
 
 
-async def test_unload_removes_the_adapter(pods: dict[str, SimPod]) -> None:
+async def test_unload_removes_the_adapter(pods: dict[str, SimPodClient]) -> None:
     loader = loader_for({"to-unload": "/u"})
     try:
         await loader.ensure_loaded(pods["b"].address, "to-unload")
@@ -286,7 +291,7 @@ async def test_unload_removes_the_adapter(pods: dict[str, SimPod]) -> None:
         await loader.close()
 
 
-async def test_a_routed_request_is_held_until_its_pod_has_the_adapter(pods: dict[str, SimPod]) -> None:
+async def test_a_routed_request_is_held_until_its_pod_has_the_adapter(pods: dict[str, SimPodClient]) -> None:
     """The director picks (pure), `hold_for_adapter` loads on the pick, the pod then serves it."""
     hosts = [pods["b"].address.rpartition(":")[0], pods["a"].address.rpartition(":")[0]]
     port = int(pods["a"].address.rpartition(":")[2])
@@ -310,7 +315,7 @@ async def test_a_routed_request_is_held_until_its_pod_has_the_adapter(pods: dict
     assert scheduler.completed == []  # a held request that was served is completed by the stream
 
 
-async def test_a_failed_hold_releases_the_request_in_the_scheduler(pods: dict[str, SimPod]) -> None:
+async def test_a_failed_hold_releases_the_request_in_the_scheduler(pods: dict[str, SimPodClient]) -> None:
     host, _, port = pods["no-runtime"].address.rpartition(":")
     model = InferenceModel(name="m", namespace="default", model_name="never-loads", pool_name="pool")
     scheduler = FakeScheduler()
@@ -327,3 +332,27 @@ async def test_a_failed_hold_releases_the_request_in_the_scheduler(pods: dict[st
         await loader.close()
     assert caught.value.http_status == 503
     assert scheduler.completed == [("r2", decision.primary.name)]
+
+
+async def test_a_client_that_leaves_during_the_hold_is_released_in_the_scheduler(
+    pods: dict[str, SimPodClient],
+) -> None:
+    host, _, port = pods["slow"].address.rpartition(":")
+    model = InferenceModel(name="m", namespace="default", model_name="slow-one", pool_name="pool")
+    scheduler = FakeScheduler()
+    director = Director(
+        pool_datastore([host], target_ports=(int(port),), models=[model]), scheduler, clock=FakeClock()
+    )
+    body = json.dumps({"model": "slow-one", "prompt": "hi"}).encode()
+    decision = director.route(request_id="r3", headers={}, body=body)
+    loader = loader_for({"slow-one": "/slow"})
+    try:
+        held = asyncio.create_task(hold_for_adapter(loader, director, decision))
+        await eventually(lambda: loader.is_loading(decision.primary.address, "slow-one"), "the load to start")
+        assert scheduler.completed == []
+        held.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held
+    finally:
+        await loader.close()
+    assert scheduler.completed == [("r3", decision.primary.name)]

@@ -27,6 +27,7 @@ from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.integration.conftest import _started, completion
+from tests.support import faults
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -131,7 +132,7 @@ def test_without_sidecars_the_epp_scrapes_loads_over_http_and_survives_junk(
     stack = broken_sidecars
     wait_until(lambda: len(pushed(stack)) == 2, "every pod on push state")
     for pod in stack.pods:
-        stack.kill_sidecar(pod.name)
+        faults.kill_sidecar(stack, pod.name)
     wait_until(lambda: pushed(stack) == {}, "every pod back on scraping")
     reply = completion(stack, "after-fallback")
     assert reply.status == 200, reply.body
@@ -203,13 +204,13 @@ def test_sidecar_streams_reconnect_after_an_epp_restart(one_slot_stack: LocalSta
     stack = one_slot_stack
     pod = stack.pods[0]
     wait_until(lambda: pod.address in pushed(stack), "the pod on push state")
-    stack.restart_epp()
+    faults.restart_epp(stack)
     wait_until(
         lambda: "static-one" in pushed(stack).get(pod.address, set()),
         "the restarted EPP has the pod's state again",
     )
-    opened = stack.sidecar_logs(pod.name)[-1].count("watch stream opened")
-    assert opened >= 2, stack.sidecar_logs(pod.name)[-1]
+    opened = faults.sidecar_log(stack, pod.name).count("watch stream opened")
+    assert opened >= 2, faults.sidecar_log(stack, pod.name)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from epp.picker.scheduling.policies import DEFAULT_CONFIG
 from epp.tools.envoy.config import BodyMode
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
+from tests.support import faults
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,7 @@ WITH_FALLBACKS = dataclasses.replace(
 def test_a_dead_pod_is_retried_around_then_no_longer_picked(own_stack: LocalStack) -> None:
     first = completion(own_stack, ADAPTERS[0])
     assert first.status == 200
-    own_stack.kill_pod(first.pod)
+    faults.kill_pod(own_stack, first.pod)
     # At once (before any scrape noticed): Envoy retries along the EPP's fallback list.
     replies = [completion(own_stack, ADAPTERS[0]) for _ in range(10)]
     assert [r.status for r in replies] == [200] * 10
@@ -47,13 +48,13 @@ FAIL_OPEN = [
 @pytest.mark.parametrize("own_stack", FAIL_OPEN, indirect=True, ids=[m.value for m in BodyMode])
 def test_fail_open_serves_when_the_epp_is_down(own_stack: LocalStack) -> None:
     assert completion(own_stack, ADAPTERS[0]).status == 200
-    own_stack.stop_epp()
-    own_stack.wait_envoy_sees_epp_down()
+    faults.stop_epp(own_stack)
+    faults.wait_envoy_sees_epp_down(own_stack)
     replies = [completion(own_stack, adapter) for adapter in ADAPTERS]
     assert [r.status for r in replies] == [200] * len(ADAPTERS)
     # Round robin over the pool's pods while the EPP is away.
     assert {r.pod for r in replies} == {p.name for p in own_stack.pods}
-    own_stack.restart_epp()
+    faults.restart_epp(own_stack)
     assert completion(own_stack, ADAPTERS[0]).status == 200
 
 
@@ -63,8 +64,8 @@ FAIL_CLOSE = [dataclasses.replace(EPP_STACK, body_mode=mode) for mode in BodyMod
 @pytest.mark.parametrize("own_stack", FAIL_CLOSE, indirect=True, ids=[m.value for m in BodyMode])
 def test_fail_close_refuses_when_the_epp_is_down(own_stack: LocalStack) -> None:
     assert completion(own_stack, ADAPTERS[0]).status == 200
-    own_stack.stop_epp()
-    own_stack.wait_envoy_sees_epp_down()
+    faults.stop_epp(own_stack)
+    faults.wait_envoy_sees_epp_down(own_stack)
     replies = [completion(own_stack, adapter) for adapter in ADAPTERS]
     assert all(500 <= r.status < 600 for r in replies), [r.status for r in replies]
     assert not any(r.pod for r in replies)  # no pod was reached

@@ -31,6 +31,7 @@ from epp.tools.envoy.config import BodyMode
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad, Result, completion_request
+from tests.support import faults
 
 pytestmark = pytest.mark.integration
 
@@ -65,11 +66,11 @@ def test_an_epp_killed_mid_stream_cuts_no_response(own_stack: LocalStack) -> Non
         ]
         for event in started:
             assert event.wait(30), "a stream did not start"
-        own_stack.stop_epp()  # SIGKILL while every stream is mid-response
+        faults.stop_epp(own_stack)  # SIGKILL while every stream is mid-response
         results = [stream.result(timeout=60) for stream in streams]
     assert [(r.status, r.whole, r.error) for r in results] == [(200, True, "")] * 6
 
-    own_stack.wait_envoy_sees_epp_down()
+    faults.wait_envoy_sees_epp_down(own_stack)
     reply = completion(own_stack, ADAPTERS[0])
     if own_stack.options.failure_mode is FailureMode.FAIL_OPEN:
         assert reply.status == 200 and reply.pod  # served round robin without the EPP
@@ -102,7 +103,7 @@ def _summary(results: list[Result]) -> list[tuple[int, bool, str]]:
 def test_a_rolling_restart_under_load_answers_every_request(own_stack: LocalStack) -> None:
     with OpenLoad(own_stack, ADAPTERS, rate=30.0) as load:
         load.wait_sent(30)
-        own_stack.rolling_restart_epp()  # returns once the old EPP has drained and exited
+        faults.rolling_restart_epp(own_stack)  # returns once the old EPP has drained and exited
         after_restart = load.sent()
         load.wait_sent(after_restart + 30)
         results = load.stop()
@@ -123,8 +124,8 @@ def test_a_killed_epp_fails_only_requests_sent_before_envoy_saw_it_down(own_stac
     with OpenLoad(own_stack, ADAPTERS, rate=30.0) as load:
         load.wait_sent(30)
         killed_at = time.monotonic()
-        own_stack.stop_epp()
-        own_stack.wait_envoy_sees_epp_down()
+        faults.stop_epp(own_stack)
+        faults.wait_envoy_sees_epp_down(own_stack)
         detected_at = time.monotonic()
         load.wait_sent(load.sent() + 30)
         results = load.stop()

@@ -43,6 +43,7 @@ from tests.integration.test_serve_grpc import (
     start,
     write_pool,
 )
+from tests.support import faults
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +124,7 @@ def test_an_epp_restart_under_load(own_stack: LocalStack) -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         workers = [pool.submit(load) for _ in range(4)]
         time.sleep(1.0)
-        own_stack.restart_epp()
+        faults.restart_epp(own_stack)
         back_at = time.monotonic()
         time.sleep(3.0)
         stop.set()
@@ -195,7 +196,7 @@ def test_a_pod_dying_mid_response_fails_that_request_cleanly_and_later_ones_avoi
     serving = response.getheader("x-inference-pod")
     assert serving
     received = response.read1(64)  # the stream has started
-    own_stack.kill_pod(serving)
+    faults.kill_pod(own_stack, serving)
     started = time.monotonic()
     with contextlib.suppress(http.client.HTTPException, OSError):
         while chunk := response.read1(4096):

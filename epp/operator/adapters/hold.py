@@ -7,16 +7,20 @@ this stream waits) and keeps as fallbacks only endpoints already running that ad
 because Envoy's retry on a pod without it would get vLLM's 404. A failed load first
 closes the request in the director (so the scheduler's in-flight count for the pod is
 released), then propagates as `EppError` (503) for the stream to send as an immediate
-response.
+response. A client that goes away while it waits closes the request the same way (as 499,
+nginx's "client closed request"), or the pod would count it in flight for ever.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from epp.errors import EppError
 from epp.operator.adapters.loader import AdapterLoader
 from epp.picker.director import Director, RoutingDecision
+
+CLIENT_CLOSED_REQUEST = 499
 
 
 async def hold_for_adapter(
@@ -29,6 +33,9 @@ async def hold_for_adapter(
         await loader.ensure_loaded(decision.primary.address, adapter)
     except EppError as error:
         director.complete(decision, served_address=None, status=error.http_status)
+        raise
+    except asyncio.CancelledError:
+        director.complete(decision, served_address=None, status=CLIENT_CLOSED_REQUEST)
         raise
     fallbacks = tuple(
         state

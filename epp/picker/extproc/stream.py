@@ -22,7 +22,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -112,6 +112,49 @@ class ProtocolError(Exception):
     """A message the ext_proc contract does not allow here; the server ends the stream with a gRPC error."""
 
 
+@dataclass(slots=True)
+class _RequestState:
+    """The request as it arrives, up to its routing decision."""
+
+    mode: BodyMode | None = None  # the request body mode announced; None: the configured default
+    headers: dict[str, str] = field(default_factory=dict)
+    strip: list[str] = field(default_factory=list)  # client headers the routed reply removes
+    generated_id: bool = False  # the request id is ours, so the reply sets it upstream
+    body: bytearray = field(default_factory=bytearray)
+    subset: list[str] | None = None  # the data plane's subset hint, when it sent one
+    # What `prepare` picked (after the hold) or the error it got; `handle` answers with it.
+    ahead: RoutingDecision | EppError | None = None
+    decision: RoutingDecision | None = None  # set once the request is routed
+
+
+@dataclass(slots=True)
+class _ResponseState:
+    """The response as it passes through: its status, size and the usage it reports."""
+
+    mode: BodyMode | None = None  # the response body mode announced; None: as the request's
+    status: int | None = None
+    sse: bool = False
+    # A non-streaming body held to its end to read its usage, unless it grows too large to hold.
+    buffer: bytearray = field(default_factory=bytearray)
+    passthrough: bool = False
+    sse_tail: bytes = b""  # an SSE line split across chunks, kept for the next one
+    usage: Usage | None = None
+    body_bytes: int = 0
+    first_body_at_s: float | None = None  # on the options' clock, for TTFT
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """How the request ended, and what makes sure the director and `on_finished` hear it once."""
+
+    served: str | None = None  # envoy.lb served endpoint, when the data plane reports it
+    error: EppError | None = None
+    completion_key: str = ""  # the key its access-log entry comes back with; "" when none will
+    logged: Completion | None = None  # an access-log entry that came while the stream was open
+    completed: bool = False  # the director was told
+    closed: bool = False  # `close` ran: reported, or waiting on the access log
+
+
 class StreamHandler:
     """Serves one ext_proc stream. Not thread-safe; lives on the event loop.
 
@@ -119,44 +162,20 @@ class StreamHandler:
     from the same host.
     """
 
+    # Slots: the handler's attributes are read on every message of every stream.
+    __slots__ = ("_options", "_outcome", "_peer", "_request", "_response", "context", "done", "request_id")
+
     def __init__(self, options: StreamOptions, *, peer: str = "") -> None:
-        self._router = options.router
-        self._settings = options.settings
-        self._hold = options.hold
-        self.context = RequestContext()
-        self._completions = options.completions
+        self._options = options
         self._peer = peer
-        self._completion_key = ""
-        self._logged: Completion | None = None  # an access-log entry that came while the stream was open
-        self._prepared: RoutingDecision | None = None
-        self._prepared_error: EppError | None = None
-        self._on_finished = options.on_finished
-        self._clock = options.clock
-        self._first_response_body_at_s: float | None = None
-        self._mode: BodyMode | None = None
-        self._response_mode: BodyMode | None = None
+        self.context = RequestContext()
         self.request_id = ""
-        self._headers: dict[str, str] = {}
-        self._strip: list[str] = []
-        self._generated_request_id = False
-        self._body = bytearray()
-        self._subset: list[str] | None = None
-        self._served: str | None = None  # envoy.lb served endpoint, when the data plane reports it
-        self._decision: RoutingDecision | None = None
-        self._error: EppError | None = None
-        self._request_done = False
-        self._status: int | None = None
-        self._sse = False
-        self._response_buffer = bytearray()
-        self._passthrough = False
-        self._sse_tail = b""
-        self._usage: Usage | None = None
-        self._response_bytes = 0
-        self._finished = False
-        self._completed = False
         # Nothing more to do on this stream (an ImmediateResponse was sent, or the request was
         # routed and no response follows): the server ends it.
         self.done = False
+        self._request = _RequestState()
+        self._response = _ResponseState()
+        self._outcome = _Outcome()
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -174,41 +193,39 @@ class StreamHandler:
     @property
     def wants_prepare(self) -> bool:
         """Whether `prepare` may pick ahead (an adapter loader is set and the request is not routed)."""
-        return self._hold is not None and not self.done and not self._request_done
+        return self._options.hold is not None and not self.done and self._request.decision is None
 
     async def prepare(self, message: pb.ProcessingRequest) -> None:
         """Pick ahead of `handle` when `message` completes the request and an adapter may need loading.
 
-        The pick (or its error) is kept for `handle`, which then answers without picking again.
+        Only the pick moves here, because it may wait on the hold: `handle` still takes the
+        message and answers it, with this pick (or its error) instead of picking again.
         Without a loader, or for any other message, this does nothing.
         """
-        if self._hold is None or self.done or self._request_done:
+        hold = self._options.hold
+        if hold is None or not self.wants_prepare:
             return
         self._read_protocol_config(message)
         self._read_subset_hint(message)
+        request = self._request
         kind = message.WhichOneof("request")
         if kind == "request_body":
             chunk = message.request_body
-            if len(self._body) + len(chunk.body) > self._settings.max_request_body_bytes:
-                return  # `handle` answers 400
-            if self.mode is not BodyMode.BUFFERED and not chunk.end_of_stream:
-                return
-            body = bytes(self._body) + chunk.body
-        elif kind == "request_trailers" and self.mode is BodyMode.FULL_DUPLEX_STREAMED:
-            body = bytes(self._body)
+            data = chunk.body
+            try:
+                if not self._body_ends(data, chunk.end_of_stream):
+                    return
+            except EppError:
+                return  # `handle` answers it
+            body = bytes(request.body) + data
+        elif kind == "request_trailers" and self._trailers_end_body():
+            body = bytes(request.body)
         else:
             return
         try:
-            decision = self._router.route(
-                request_id=self.request_id,
-                headers=self._headers,
-                body=body,
-                subset=self._subset,
-                context=self.context,
-            )
-            self._prepared = await self._hold(decision)
+            request.ahead = await hold(self._pick(body))
         except EppError as err:
-            self._prepared_error = err
+            request.ahead = err
 
     def fail_internal(self) -> list[pb.ProcessingResponse]:
         """The reply for an unexpected error while handling a message (500)."""
@@ -222,14 +239,15 @@ class StreamHandler:
         A routed request whose response did not pass through waits for its access-log entry when
         the gateway sends one; otherwise it finishes now.
         """
-        if self._finished:
+        outcome = self._outcome
+        if outcome.closed:
             return
-        self._finished = True
-        key, completions = self._completion_key, self._completions
-        if self._decision is None or self._completed or key == "" or completions is None:
-            self._finish(FinishedBy.RESPONSE if self._completed else FinishedBy.STREAM_END)
-        elif self._logged is not None:
-            self._finish_from_log(self._logged)
+        outcome.closed = True
+        key, completions = outcome.completion_key, self._options.completions
+        if self._request.decision is None or outcome.completed or key == "" or completions is None:
+            self._finish(FinishedBy.RESPONSE if outcome.completed else FinishedBy.STREAM_END)
+        elif outcome.logged is not None:
+            self._finish_from_log(outcome.logged)
         elif completions.receives_from(self._peer):
             completions.wait(key, self._peer)
         else:
@@ -238,62 +256,65 @@ class StreamHandler:
 
     def _finish_from_log(self, completion: Completion | None) -> None:
         """The access-log entry for this request came (or, with None, never will)."""
-        if not self._finished:
-            self._logged = completion  # the stream is still open: `close` uses it
+        outcome = self._outcome
+        if not outcome.closed:
+            outcome.logged = completion  # the stream is still open: `close` uses it
             return
         if completion is None:
             self._finish(FinishedBy.EXPIRED)
             return
-        self._status = completion.status
+        self._response.status = completion.status
         if completion.served_address:
-            self._served = completion.served_address
-        self._response_bytes = completion.response_body_bytes
+            outcome.served = completion.served_address
+        self._response.body_bytes = completion.response_body_bytes
         self._finish(FinishedBy.ACCESS_LOG, completion)
 
     def _finish(self, finished_by: FinishedBy, completion: Completion | None = None) -> None:
         """Tell the director (once) and report the stream."""
         self._complete()
-        if self._completion_key and self._completions is not None:
-            self._completions.forget(self._completion_key)
-        decision = self._decision
+        outcome, response, options = self._outcome, self._response, self._options
+        if outcome.completion_key and options.completions is not None:
+            options.completions.forget(outcome.completion_key)
+        decision = self._request.decision
         if decision is not None and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request finished",
                 extra={
                     "request_id": self.request_id,
-                    "status": self._status,
-                    "served": self._served,
+                    "status": response.status,
+                    "served": outcome.served,
                     "finished_by": finished_by.value,
                 },
             )
-        if self._on_finished is None:
+        if options.on_finished is None:
             return
         ttft_s = None
         if completion is not None:
             ttft_s = completion.ttft_s
-        elif decision is not None and self._first_response_body_at_s is not None:
-            ttft_s = self._first_response_body_at_s - decision.request.arrival_s
-        self._on_finished(
+        elif decision is not None and response.first_body_at_s is not None:
+            ttft_s = response.first_body_at_s - decision.request.arrival_s
+        options.on_finished(
             StreamRecord(
                 request_id=self.request_id,
                 decision=decision,
-                error=self._error,
-                response_status=self._status,
-                streaming_response=self._sse,
-                usage=self._usage,
-                request_body_bytes=len(self._body),
-                response_body_bytes=self._response_bytes,
+                error=outcome.error,
+                response_status=response.status,
+                streaming_response=response.sse,
+                usage=response.usage,
+                request_body_bytes=len(self._request.body),
+                response_body_bytes=response.body_bytes,
                 ttft_s=ttft_s,
                 duration_s=completion.duration_s if completion is not None else None,
                 finished_by=finished_by if decision is not None else None,
-                served_address=self._served,
+                served_address=outcome.served,
                 context=self.context,
             )
         )
 
     @property
     def mode(self) -> BodyMode:
-        return self._mode if self._mode is not None else self._settings.default_body_mode
+        mode = self._request.mode
+        return mode if mode is not None else self._options.settings.default_body_mode
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -315,7 +336,7 @@ class StreamHandler:
         raise ProtocolError(f"unexpected ext_proc message {kind!r}")
 
     def _read_protocol_config(self, message: pb.ProcessingRequest) -> None:
-        if self._mode is not None or not message.HasField("protocol_config"):
+        if self._request.mode is not None or not message.HasField("protocol_config"):
             return
         config = message.protocol_config
         mode = body_mode_from_proto(config.request_body_mode)
@@ -324,9 +345,9 @@ class StreamHandler:
                 "unsupported request body mode, using the configured default",
                 extra={"request_body_mode": _BodySendMode.BodySendMode.Name(config.request_body_mode)},
             )
-            mode = self._settings.default_body_mode
-        self._mode = mode
-        self._response_mode = body_mode_from_proto(config.response_body_mode)
+            mode = self._options.settings.default_body_mode
+        self._request.mode = mode
+        self._response.mode = body_mode_from_proto(config.response_body_mode)
 
     def _read_subset_hint(self, message: pb.ProcessingRequest) -> None:
         if not message.HasField("metadata_context"):
@@ -334,82 +355,102 @@ class StreamHandler:
         metadata = message.metadata_context.filter_metadata
         served = messages.struct_field(metadata, wire.LB_METADATA_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
         if isinstance(served, str) and served:
-            self._served = served
+            self._outcome.served = served
         value = messages.struct_field(metadata, wire.SUBSET_HINT_NAMESPACE, wire.SUBSET_HINT_KEY)
         if value is None:
             return
         if isinstance(value, str):
-            self._subset = [value]
+            self._request.subset = [value]
         elif isinstance(value, list):
-            self._subset = [v for v in value if isinstance(v, str)]
+            self._request.subset = [v for v in value if isinstance(v, str)]
         else:
-            self._subset = []  # present but unusable: nothing is eligible (503)
+            self._request.subset = []  # present but unusable: nothing is eligible (503)
 
     # -- request path ----------------------------------------------------------------------
+    #
+    # `handle` and `prepare` share the rules below: when the body ends (`_body_ends`,
+    # `_trailers_end_body`) and how a pick is made (`_pick`). Only `handle` takes messages,
+    # records the decision (`_route`) and builds replies.
 
     def _on_request_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
-        self._headers = messages.header_map(headers)
-        header_bytes = sum(len(k) + len(v) for k, v in self._headers.items())
-        self.request_id = self._headers.get(wire.REQUEST_ID_HEADER, "") or str(uuid.uuid4())
-        self._generated_request_id = (
-            wire.REQUEST_ID_HEADER not in self._headers or not self._headers[wire.REQUEST_ID_HEADER]
-        )
-        if header_bytes > self._settings.max_header_bytes:
+        request = self._request
+        request.headers = header_map = messages.header_map(headers)
+        header_bytes = sum(len(k) + len(v) for k, v in header_map.items())
+        given_id = header_map.get(wire.REQUEST_ID_HEADER, "")
+        self.request_id = given_id or str(uuid.uuid4())
+        request.generated_id = not given_id
+        if header_bytes > self._options.settings.max_header_bytes:
             raise EppError(ErrorCode.BAD_REQUEST, "request headers too large", reason="headers-too-large")
-        self._strip = [
+        request.strip = [
             name
-            for name in self._headers
+            for name in header_map
             if name in wire.STRIPPED_CLIENT_HEADERS and name != wire.DESTINATION_ENDPOINT_HEADER
         ]
-        if headers.end_of_stream or self.mode is BodyMode.NONE:
+        mode = self.mode
+        if headers.end_of_stream or mode is BodyMode.NONE:
             return [self._route_headers_only()]
-        if self.mode is BodyMode.BUFFERED:
-            remove = list(self._strip)
-            if wire.DESTINATION_ENDPOINT_HEADER in self._headers:
+        if mode is BodyMode.BUFFERED:
+            remove = list(request.strip)
+            if wire.DESTINATION_ENDPOINT_HEADER in header_map:
                 remove.append(wire.DESTINATION_ENDPOINT_HEADER)
             return [
                 messages.request_headers_reply(set_headers=self._request_id_headers(), remove_headers=remove)
             ]
         return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the body
 
-    def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        if self._request_done:
+    def _body_ends(self, data: bytes, end_of_stream: bool) -> bool:
+        """Whether a body message carrying `data` completes the request, which is then routed on it.
+
+        BUFFERED routes on its one whole-body message (BUFFERED_PARTIAL may end without
+        end_of_stream). Raises for a message the stream cannot take.
+        """
+        request = self._request
+        if request.decision is not None:
             raise ProtocolError("request body after the request was routed")
-        if len(self._body) + len(body.body) > self._settings.max_request_body_bytes:
+        if len(request.body) + len(data) > self._options.settings.max_request_body_bytes:
             raise EppError(ErrorCode.BAD_REQUEST, "request body too large", reason="body-too-large")
-        self._body.extend(body.body)
-        if self.mode is BodyMode.BUFFERED:
-            # One whole-body message; BUFFERED_PARTIAL may end without end_of_stream, so route now.
-            return [self._route_buffered()]
-        if not body.end_of_stream:
-            return []
-        return self._route_streamed()
+        return end_of_stream or self.mode is BodyMode.BUFFERED
+
+    def _trailers_end_body(self) -> bool:
+        """Whether trailers complete the request: a streamed body that did not say it ended."""
+        return self._request.decision is None and self.mode is BodyMode.FULL_DUPLEX_STREAMED
+
+    def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        data = body.body
+        ends = self._body_ends(data, body.end_of_stream)
+        self._request.body.extend(data)
+        return self._route_body() if ends else []
 
     def _on_request_trailers(self) -> list[pb.ProcessingResponse]:
-        replies: list[pb.ProcessingResponse] = []
-        if not self._request_done and self.mode is BodyMode.FULL_DUPLEX_STREAMED:
-            replies.extend(self._route_streamed())
+        replies = self._route_body() if self._trailers_end_body() else []
         replies.append(messages.empty_request_trailers_reply())
         return replies
 
+    def _pick(self, body: bytes | None) -> RoutingDecision:
+        request = self._request
+        return self._options.router.route(
+            request_id=self.request_id,
+            headers=request.headers,
+            body=body,
+            subset=request.subset,
+            context=self.context,
+        )
+
     def _route(self, body: bytes | None) -> RoutingDecision:
-        if self._prepared_error is not None:
-            raise self._prepared_error
-        if self._prepared is not None:
-            decision = self._prepared
+        """The decision for the request (picked now, or by `prepare`), recorded as routed."""
+        request = self._request
+        ahead = request.ahead
+        if ahead is None:
+            decision = self._pick(body)
+        elif isinstance(ahead, EppError):
+            raise ahead
         else:
-            decision = self._router.route(
-                request_id=self.request_id,
-                headers=self._headers,
-                body=body,
-                subset=self._subset,
-                context=self.context,
-            )
-        self._decision = decision
-        self._request_done = True
-        if self._completions is not None:
-            self._completion_key = self._completions.expect(self._finish_from_log)
-        if self._response_mode is BodyMode.NONE:
+            decision = ahead
+        request.decision = decision
+        completions = self._options.completions
+        if completions is not None:
+            self._outcome.completion_key = completions.expect(self._finish_from_log)
+        if self._response.mode is BodyMode.NONE:
             self.done = True  # no response follows: end the stream now
         if log.isEnabledFor(logging.DEBUG):  # the fields cost more than the call when it is off
             log.debug(
@@ -423,31 +464,31 @@ class StreamHandler:
         return decision
 
     def _route_headers_only(self) -> pb.ProcessingResponse:
-        decision = self._route(None)
-        destination = decision.destination
+        destination = self._route(None).destination
         return messages.request_headers_reply(
             set_headers=messages.routing_headers(destination, None, self._routed_headers()),
-            remove_headers=self._strip,
+            remove_headers=self._request.strip,
             destination=destination,
-            completion_key=self._completion_key,
+            completion_key=self._outcome.completion_key,
         )
 
-    def _route_streamed(self) -> list[pb.ProcessingResponse]:
-        decision = self._route(bytes(self._body))
+    def _route_body(self) -> list[pb.ProcessingResponse]:
+        """Route on the whole body: BUFFERED answers with the body; streamed sends headers, then the body."""
+        decision = self._route(bytes(self._request.body))
         destination = decision.destination
+        if self.mode is BodyMode.BUFFERED:
+            return [
+                messages.buffered_request_body_reply(
+                    decision.body, destination, self._routed_headers(), self._outcome.completion_key
+                )
+            ]
         headers = messages.request_headers_reply(
             set_headers=messages.routing_headers(destination, len(decision.body), self._routed_headers()),
-            remove_headers=self._strip,
+            remove_headers=self._request.strip,
             destination=destination,
-            completion_key=self._completion_key,
+            completion_key=self._outcome.completion_key,
         )
         return [headers, *messages.chunked_request_body(decision.body)]
-
-    def _route_buffered(self) -> pb.ProcessingResponse:
-        decision = self._route(bytes(self._body))
-        return messages.buffered_request_body_reply(
-            decision.body, decision.destination, self._routed_headers(), self._completion_key
-        )
 
     def _routed_headers(self) -> list[tuple[str, str]]:
         headers = self._request_id_headers()
@@ -455,96 +496,102 @@ class StreamHandler:
         return headers
 
     def _request_id_headers(self) -> list[tuple[str, str]]:
-        return [(wire.REQUEST_ID_HEADER, self.request_id)] if self._generated_request_id else []
+        return [(wire.REQUEST_ID_HEADER, self.request_id)] if self._request.generated_id else []
 
     # -- response path ---------------------------------------------------------------------
 
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        response = self._response
         response_headers = messages.header_values(headers, _RESPONSE_HEADERS_READ)
         try:
-            self._status = int(response_headers.get(":status", "200"))
+            response.status = int(response_headers.get(":status", "200"))
         except ValueError:
-            self._status = None
-        self._sse = wire.SSE_CONTENT_TYPE in response_headers.get("content-type", "")
+            response.status = None
+        response.sse = wire.SSE_CONTENT_TYPE in response_headers.get("content-type", "")
         if headers.end_of_stream:
             self._end_response()
         return [messages.response_headers_reply()]
 
-    def _response_body_mode(self) -> BodyMode:
-        if self._response_mode is not None:
-            return self._response_mode
-        return self.mode
-
     def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        if body.body and self._first_response_body_at_s is None and self._clock is not None:
-            self._first_response_body_at_s = self._clock.now()
-        self._response_bytes += len(body.body)
-        if self._response_body_mode() is not BodyMode.FULL_DUPLEX_STREAMED:
-            self._read_usage(body.body, end=body.end_of_stream)
-            if body.end_of_stream:
+        response = self._response
+        data = body.body
+        end = body.end_of_stream
+        if data and response.first_body_at_s is None:
+            clock = self._options.clock
+            if clock is not None:
+                response.first_body_at_s = clock.now()
+        response.body_bytes += len(data)
+        mode = response.mode if response.mode is not None else self.mode
+        if mode is not BodyMode.FULL_DUPLEX_STREAMED:
+            if response.sse:
+                self._read_sse_usage(data)
+            elif end:
+                response.usage = parse_json_usage(data) or response.usage
+            if end:
                 self._end_response()
             return [messages.empty_response_body_reply()]
-        if self._sse or self._passthrough:
-            if self._sse:
-                self._read_sse_usage(body.body)
-            if body.end_of_stream:
+        if response.sse or response.passthrough:
+            if response.sse:
+                self._read_sse_usage(data)
+            if end:
                 self._end_response()
-            return [messages.streamed_response_body(body.body, body.end_of_stream)]
-        self._response_buffer.extend(body.body)
-        if len(self._response_buffer) > self._settings.max_buffered_response_bytes:
+            return [messages.streamed_response_body(data, end)]
+        held = response.buffer
+        held.extend(data)
+        if len(held) > self._options.settings.max_buffered_response_bytes:
             # Too large to inspect: hand back what we hold and pass the rest through.
-            self._passthrough = True
-            held = bytes(self._response_buffer)
-            self._response_buffer.clear()
-            if body.end_of_stream:
+            response.passthrough = True
+            whole = bytes(held)
+            held.clear()
+            if end:
                 self._end_response()
-                return messages.chunked_response_body(held)
-            return [messages.streamed_response_body(c, False) for c, _ in messages.chunks(held)]
-        if not body.end_of_stream:
+                return messages.chunked_response_body(whole)
+            return [messages.streamed_response_body(c, False) for c, _ in messages.chunks(whole)]
+        if not end:
             return []
-        whole = bytes(self._response_buffer)
-        self._response_buffer.clear()
-        self._usage = parse_json_usage(whole) or self._usage
+        whole = bytes(held)
+        held.clear()
+        response.usage = parse_json_usage(whole) or response.usage
         self._end_response()
         return messages.chunked_response_body(whole)
 
-    def _read_usage(self, chunk: bytes, *, end: bool) -> None:
-        if self._sse:
-            self._read_sse_usage(chunk)
-        elif end:
-            self._usage = parse_json_usage(chunk) or self._usage
-
     def _read_sse_usage(self, chunk: bytes) -> None:
-        data = self._sse_tail + chunk if self._sse_tail else chunk
+        response = self._response
+        tail = response.sse_tail
+        data = tail + chunk if tail else chunk
         end = data.rfind(b"\n") + 1  # complete lines end here
-        self._sse_tail = data[end:][-65536:]  # an unfinished line waits for the next chunk
+        response.sse_tail = data[end:][-65536:]  # an unfinished line waits for the next chunk
         # Only the last chunk of a stream carries usage: every other one costs two scans in C.
         if end and data.find(b'"usage"', 0, end) >= 0:
             for line in data[:end].split(b"\n"):
                 usage = parse_sse_usage(line)
                 if usage is not None:
-                    self._usage = usage
+                    response.usage = usage
 
     def _complete(self) -> None:
         """Tell the director the request finished (once): at response end, else at stream close."""
-        if self._decision is None or self._completed:
+        decision, outcome = self._request.decision, self._outcome
+        if decision is None or outcome.completed:
             return
-        self._completed = True
-        self._router.complete(self._decision, served_address=self._served, status=self._status or 200)
+        outcome.completed = True
+        self._options.router.complete(
+            decision, served_address=outcome.served, status=self._response.status or 200
+        )
 
     def _end_response(self) -> None:
         self._complete()
-        if self._sse and self._sse_tail:
-            usage = parse_sse_usage(self._sse_tail)
+        response = self._response
+        if response.sse and response.sse_tail:
+            usage = parse_sse_usage(response.sse_tail)
             if usage is not None:
-                self._usage = usage
-            self._sse_tail = b""
+                response.usage = usage
+            response.sse_tail = b""
 
     # -- errors ----------------------------------------------------------------------------
 
     def _fail(self, err: EppError) -> pb.ProcessingResponse:
-        self._error = err
-        self._status = err.http_status
+        self._outcome.error = err
+        self._response.status = err.http_status
         self.done = True
         log.info(
             "request rejected",
