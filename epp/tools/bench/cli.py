@@ -42,6 +42,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scrape-interval", type=parse_duration, default=None, help="metrics scrape interval (e.g. 100ms)"
     )
+    parser.add_argument(
+        "--epp-replicas",
+        default=None,
+        help="active-active EPP replicas, each with its own scrapes and state; a list (1,2,4) runs each",
+    )
     add_bool_flag(parser, "--replica-search", default=True, help="search the fewest replicas meeting the SLO")
     parser.add_argument(
         "--search-duration",
@@ -94,28 +99,52 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.search_duration <= 0:
             raise ConfigError("--search-duration must be positive")
+        epp_counts = parse_counts(args.epp_replicas) if args.epp_replicas else [sc.epp_replicas]
     except ConfigError as exc:
         print(f"epp bench: {exc}", file=sys.stderr)
         return 2
     command = (
         "epp bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else ""
     )
-    bar = ProgressBar(sys.stderr, len(names)) if args.progress else None
-    search_scenario = _search_scenario(sc, args.search_duration)
-    result = runner.run_bench(
-        sc, names, search_replicas=args.replica_search, progress=bar, search_scenario=search_scenario
-    )
-    if bar is not None:
-        bar.close()
-    print(report.format_table(result))
+    results: dict[int, runner.BenchResult] = {}
+    for count in epp_counts:
+        scn = sc.with_overrides(epp_replicas=count)
+        bar = ProgressBar(sys.stderr, len(names)) if args.progress else None
+        results[count] = runner.run_bench(
+            scn,
+            names,
+            search_replicas=args.replica_search,
+            progress=bar,
+            search_scenario=_search_scenario(scn, args.search_duration),
+        )
+        if bar is not None:
+            bar.close()
+        if len(epp_counts) > 1:
+            print(f"\n{count} EPP replica{'s' if count > 1 else ''}")
+        print(report.format_table(results[count]))
     if args.live:
         code = live.run_live(sc, names, out=sys.stdout)
         if code != 0:
             return code
     if args.out is not None:
-        written = report.write_outputs(result, args.out, command=command or f"epp bench --scenario {sc.name}")
+        command = command or f"epp bench --scenario {sc.name}"
+        if len(results) == 1:
+            written = report.write_outputs(results[epp_counts[0]], args.out, command=command)
+        else:
+            written = report.write_replica_outputs(results, args.out, command=command)
         print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+def parse_counts(text: str) -> list[int]:
+    """`1,2,4` → [1, 2, 4]: each at least 1, none twice."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--epp-replicas takes counts such as 1,2,4, not {text!r}") from exc
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise ConfigError("--epp-replicas takes distinct counts of at least 1")
+    return counts
 
 
 def _search_scenario(sc: scenario.Scenario, search_duration_s: float) -> scenario.Scenario:

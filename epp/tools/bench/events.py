@@ -45,6 +45,7 @@ class Fleet:
     scrape_interval_s: float = 0.1
     # The pool's InferenceModels; none means clients name adapters directly, as with no registry.
     models: tuple[InferenceModel, ...] = ()
+    epp_replicas: int = 1  # active-active EPPs, each with its own scrapes and scheduler state
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,38 +89,53 @@ def request_body(request: SimRequest, base_model: str) -> bytes:
     ).encode()
 
 
-class _Run:
-    """One simulated run's moving parts: the pods, their events and the picker in front of them."""
+@dataclass(slots=True)
+class _Epp:
+    """One EPP replica: its own datastore (its own scrapes) and its own scheduler state."""
 
-    def __init__(self, fleet: Fleet, director: Director, datastore: Datastore, clock: FakeClock) -> None:
+    datastore: Datastore
+    director: Director
+
+
+class _Run:
+    """One simulated run's moving parts: the pods, their events and the EPP replicas in front of them."""
+
+    def __init__(self, fleet: Fleet, epps: list[_Epp], clock: FakeClock) -> None:
         self.fleet = fleet
-        self.director = director
-        self.datastore = datastore
+        self.epps = epps
         self.clock = clock
         self.pods = [SimPod(pod_endpoint(i).name, fleet.profile, fleet.config) for i in range(fleet.replicas)]
         self.index_by_name = {pod.name: i for i, pod in enumerate(self.pods)}
-        self.events: list[tuple[float, int, int, int]] = []  # (time, order, kind, pod index)
+        self.events: list[tuple[float, int, int, int, int]] = []  # (time, order, kind, pod, EPP replica)
         self.order = 0
-        self.in_flight: dict[int, RoutingDecision] = {}
+        self.in_flight: dict[int, tuple[_Epp, RoutingDecision]] = {}
+        self.arrivals = 0
         self.steps = 0
         self.scrapes = 0
-        # Each pod is scraped at its own phase, as independent refresh loops drift apart.
-        for i in range(fleet.replicas):
-            self._push(fleet.scrape_interval_s * (i + 0.5) / fleet.replicas, _SCRAPE, i)
+        # Each EPP scrapes each pod at its own phase, as independent refresh loops drift apart.
+        pods, replicas = fleet.replicas, len(epps)
+        for r in range(replicas):
+            for i in range(pods):
+                self._push(
+                    fleet.scrape_interval_s * ((i + 0.5) / pods + r / (replicas * pods)), _SCRAPE, i, r
+                )
 
-    def _push(self, at: float, kind: int, pod_index: int) -> None:
-        heapq.heappush(self.events, (at, self.order, kind, pod_index))
+    def _push(self, at: float, kind: int, pod_index: int, replica: int = 0) -> None:
+        heapq.heappush(self.events, (at, self.order, kind, pod_index, replica))
         self.order += 1
 
     def _advance(self, now: float) -> None:
         self.clock.advance(now - self.clock.now())
 
     def arrive(self, request: SimRequest, now: float) -> None:
-        """Route one request through the Director; a shed request is marked, not served."""
+        """Route one request through the next EPP replica (round robin, as the gateway spreads streams
+        over the EPP Service); a shed request is marked, not served."""
         self._advance(now)
+        epp = self.epps[self.arrivals % len(self.epps)]
+        self.arrivals += 1
         base_model = self.fleet.config.served_model_name
         try:
-            decision = self.director.route(
+            decision = epp.director.route(
                 request_id=f"r{request.index}",
                 headers={},
                 body=request_body(request, base_model),
@@ -135,7 +151,7 @@ class _Run:
         pod_index = self.index_by_name[decision.primary.name]
         pod = self.pods[pod_index]
         pod.enqueue(request)
-        self.in_flight[request.index] = decision
+        self.in_flight[request.index] = (epp, decision)
         if not pod.busy:
             self.start_step(pod_index, now)
 
@@ -146,17 +162,18 @@ class _Run:
 
     def next_event(self) -> None:
         """Handle the earliest step end or scrape."""
-        now, _, kind, i = heapq.heappop(self.events)
+        now, _, kind, i, replica = heapq.heappop(self.events)
         self._advance(now)
         if kind == _STEP_END:
             self.steps += 1
             for done in self.pods[i].end_step(now):
-                self.director.complete(self.in_flight.pop(done.index), served_address=None, status=200)
+                epp, decision = self.in_flight.pop(done.index)
+                epp.director.complete(decision, served_address=None, status=200)
             self.start_step(i, now)
         else:
             self.scrapes += 1
-            self.datastore.update_metrics(self.pods[i].name, self.pods[i].metrics(now))
-            self._push(now + self.fleet.scrape_interval_s, _SCRAPE, i)
+            self.epps[replica].datastore.update_metrics(self.pods[i].name, self.pods[i].metrics(now))
+            self._push(now + self.fleet.scrape_interval_s, _SCRAPE, i, replica)
 
 
 def bench_datastore(fleet: Fleet, clock: FakeClock) -> Datastore:
@@ -185,16 +202,21 @@ def simulate(
     Stops when every admitted request has finished or `drain_limit_s` after the last arrival;
     requests still in flight then keep `finish_s = None`.
     """
+    if scheduler is not None and fleet.epp_replicas > 1:
+        raise ValueError("a given scheduler is one EPP's; run several replicas by policy name")
     clock = FakeClock(start=0.0)
-    datastore = bench_datastore(fleet, clock)
-    director = Director(
-        datastore,
-        scheduler if scheduler is not None else make_scheduler(policy, seed),
-        admit=(admission if admission is not None else make_admission()).admit,
-        clock=clock,
-        rng=random.Random(seed),
-    )
-    run = _Run(fleet, director, datastore, clock)
+    epps = []
+    for r in range(fleet.epp_replicas):
+        datastore = bench_datastore(fleet, clock)
+        director = Director(
+            datastore,
+            scheduler if scheduler is not None else make_scheduler(policy, seed + r),
+            admit=(admission if admission is not None else make_admission()).admit,
+            clock=clock,
+            rng=random.Random(seed + r),
+        )
+        epps.append(_Epp(datastore, director))
+    run = _Run(fleet, epps, clock)
     arrivals_end = requests[-1].arrival_s if requests else 0.0
     stop_at = arrivals_end + drain_limit_s
     report_every = max(1, len(requests) // 200)

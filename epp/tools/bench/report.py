@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ def results_document(result: BenchResult, *, command: str) -> dict[str, Any]:
             "scrape_interval_s": sc.scrape_interval_s,
             "slo_ttft_s": sc.slo.ttft_s,
             "slo_target_goodput": sc.slo.target_goodput,
+            "epp_replicas": sc.epp_replicas,
         },
         "swaps_floor_per_1k": result.swaps_floor_per_1k,
         "policies": {name: summary.as_json() for name, summary in result.summaries.items()},
@@ -314,3 +315,77 @@ def write_outputs(result: BenchResult, out_dir: Path, *, command: str) -> list[P
         markdown_report(result, command=command, plots=[str(p) for p in plots]), encoding="utf-8"
     )
     return [results_path, report_path, *plots]
+
+
+def write_replica_outputs(results: Mapping[int, BenchResult], out_dir: Path, *, command: str) -> list[Path]:
+    """Each EPP replica count's outputs in `epp-replicas-N/`, and swaps and P99 TTFT against N.
+
+    `epp_replicas.json` holds, per policy, each count's swaps per 1k and P99 TTFT and their
+    ratio to the first count's; `epp_replicas.png` plots them.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for count, result in results.items():
+        written += write_outputs(result, out_dir / f"epp-replicas-{count}", command=command)
+    counts = list(results)
+    first = results[counts[0]].summaries
+    by_policy: dict[str, dict[str, Any]] = {}
+    for policy in first:
+        rows = {}
+        for count in counts:
+            summary = results[count].summaries[policy]
+            rows[str(count)] = {
+                "swaps_per_1k": summary.swaps_per_1k,
+                "ttft_p99_s": _finite(summary.ttft_p99_s),
+                "swaps_vs_first": _finite_ratio(summary.swaps_per_1k, first[policy].swaps_per_1k),
+                "ttft_p99_vs_first": _finite_ratio(summary.ttft_p99_s, first[policy].ttft_p99_s),
+            }
+        by_policy[policy] = rows
+    summary_path = out_dir / "epp_replicas.json"
+    summary_path.write_text(
+        json.dumps({"command": command, "epp_replicas": counts, "policies": by_policy}, indent=2) + "\n",
+        encoding="utf-8",
+    )
+    written.append(summary_path)
+    written.append(_plot_replicas(results, out_dir))
+    return written
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _finite_ratio(value: float, first: float) -> float | None:
+    if not (math.isfinite(value) and math.isfinite(first)) or first <= 0:
+        return None
+    return value / first
+
+
+def _plot_replicas(results: Mapping[int, BenchResult], out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = list(results)
+    policies = list(results[counts[0]].summaries)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in policies:
+        swaps = [results[n].summaries[policy].swaps_per_1k for n in counts]
+        p99 = [results[n].summaries[policy].ttft_p99_s for n in counts]
+        axes[0].plot(counts, swaps, marker="o", label=policy)
+        axes[1].plot(counts, p99, marker="o", label=policy)
+    axes[0].set_ylabel("adapter swaps per 1k requests")
+    axes[1].set_ylabel("P99 TTFT (s, log)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("EPP replicas")
+        ax.set_xticks(counts)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Active-active EPP replicas — {results[counts[0]].scenario.name}")
+    fig.tight_layout()
+    path = out_dir / "epp_replicas.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -41,7 +41,8 @@ class PolicySummary:
     throughput_rps: float  # measured requests finished per second of the measured window
     slo_goodput: float
     replicas_for_slo: int | None = None  # None: not searched or not met within the search bound
-    swaps_vs_floor: float | None = None  # swaps_per_1k ÷ the run's floor; None when the floor is 0
+    swaps_floor_per_1k: float = 0.0  # the floor over the requests this policy got into a batch
+    swaps_vs_floor: float | None = None  # swaps_per_1k ÷ swaps_floor_per_1k; None when the floor is 0
     ttft_floor_p50_s: float = math.nan  # the same policy with unlimited slots and free adapter loads
     ttft_floor_p99_s: float = math.nan
     ttft_samples_s: tuple[float, ...] = field(default=(), repr=False)  # sorted, for CDF plots
@@ -109,6 +110,7 @@ def fleet_for(scenario: Scenario, replicas: int | None = None) -> Fleet:
         replicas=scenario.replicas if replicas is None else replicas,
         scrape_interval_s=scenario.scrape_interval_s,
         models=inference_models(scenario),
+        epp_replicas=scenario.epp_replicas,
     )
 
 
@@ -232,7 +234,7 @@ def run_bench(
             floor_per_1k = swaps_floor_per_1k(scenario, run.requests)
         summary = with_floors(
             summarize(run, warmup_s=scenario.warmup_s, slo_ttft_s=scenario.slo.ttft_s),
-            floor_per_1k,
+            swaps_floor_per_1k(scenario, run.requests, served_only=True),
             summarize(
                 run_policy(unconstrained(scenario), policy),
                 warmup_s=scenario.warmup_s,
@@ -258,13 +260,21 @@ def run_bench(
     )
 
 
-def swaps_floor_per_1k(scenario: Scenario, requests: Sequence[SimRequest]) -> float:
-    """The Belady floor over the run's requests (targets as resolved), per 1,000 measured requests."""
+def swaps_floor_per_1k(
+    scenario: Scenario, requests: Sequence[SimRequest], *, served_only: bool = False
+) -> float:
+    """The Belady floor over the run's requests (targets as resolved), per 1,000 measured requests.
+
+    `served_only` leaves out requests that never got into a batch (shed, or still waiting when
+    the run stopped): they loaded nothing, so an overloaded policy is read against the floor of
+    what it did serve. The denominator stays every measured request, as for the policy's swaps.
+    """
     ordered = sorted(requests, key=lambda r: r.index)
     measured_from = next((n for n, r in enumerate(ordered) if r.arrival_s >= scenario.warmup_s), len(ordered))
     measured = len(ordered) - measured_from
+    adapters = [r.adapter if not served_only or (r.pod and not r.queued) else "" for r in ordered]
     slots = scenario.replicas * scenario.pod_config.max_loras
-    swaps = floors.belady_swaps([r.adapter for r in ordered], slots, counted_from=measured_from)
+    swaps = floors.belady_swaps(adapters, slots, counted_from=measured_from)
     return 1000.0 * swaps / measured if measured else 0.0
 
 
@@ -282,6 +292,7 @@ def with_floors(summary: PolicySummary, floor_per_1k: float, free: PolicySummary
     """`summary` with its swaps read against the floor and the TTFT of the unconstrained run."""
     return dataclasses.replace(
         summary,
+        swaps_floor_per_1k=floor_per_1k,
         swaps_vs_floor=summary.swaps_per_1k / floor_per_1k if floor_per_1k > 0 else None,
         ttft_floor_p50_s=free.ttft_p50_s,
         ttft_floor_p99_s=free.ttft_p99_s,

@@ -36,6 +36,7 @@ _TOP_KEYS = {
     "lengths",
     "slo",
     "splits",
+    "epp_replicas",
 }
 
 # client model name → ((target model, weight), ...): an InferenceModel's weighted targets
@@ -63,6 +64,7 @@ class Scenario:
     scrape_interval_s: float = 0.1  # how often the EPP scrapes each pod's /metrics
     deployment: str = "shared"  # "shared": one pool; "dedicated": one deployment per adapter
     splits: Splits = ()  # InferenceModels with weighted targets (canaries, A/B), resolved by the Director
+    epp_replicas: int = 1  # active-active EPPs behind the gateway, each with its own state
 
     def with_overrides(
         self,
@@ -75,6 +77,7 @@ class Scenario:
         trace: str | None = None,
         seed: int | None = None,
         scrape_interval_s: float | None = None,
+        epp_replicas: int | None = None,
     ) -> Scenario:
         """A copy with command-line overrides applied."""
         spec = self.workload
@@ -109,6 +112,8 @@ class Scenario:
             )
         if replicas is not None and replicas < 1:
             raise ConfigError("--replicas must be at least 1")
+        if epp_replicas is not None and epp_replicas < 1:
+            raise ConfigError("--epp-replicas must be at least 1")
         warmup = self.warmup_s if duration_s is None else min(self.warmup_s, spec.duration_s / 10)
         return dataclasses.replace(
             self,
@@ -118,6 +123,7 @@ class Scenario:
             seed=seed if seed is not None else self.seed,
             warmup_s=warmup,
             scrape_interval_s=scrape_interval_s if scrape_interval_s is not None else self.scrape_interval_s,
+            epp_replicas=epp_replicas if epp_replicas is not None else self.epp_replicas,
         )
 
     def _is_uniform(self) -> bool:
@@ -186,9 +192,9 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     adapters = _section(
         document,
         "adapters",
-        {"count", "popularity", "zipf_alpha", "tiers", "base_fraction", "system_prompt_tokens"},
+        {"count", "popularity", "zipf_alpha", "tiers", "base_fraction", "system_prompt_tokens", "shift"},
     )
-    arrivals = _section(document, "arrivals", {"rate_rps", "cv", "trace", "time_scale"})
+    arrivals = _section(document, "arrivals", {"rate_rps", "cv", "trace", "time_scale", "diurnal"})
     lengths = _section(document, "lengths", {"prompt_tokens", "output_tokens"})
     slo_doc = _section(document, "slo", {"ttft_s", "target_goodput", "max_replicas"})
 
@@ -230,7 +236,11 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         system_prompt_tokens=int(adapters.get("system_prompt_tokens", 0)),
         trace=trace_rows,
         trace_time_scale=float(arrivals.get("time_scale", 1.0)),
+        shift=_shift(adapters.get("shift"), count),
+        diurnal=_diurnal(arrivals.get("diurnal")),
     )
+    if spec.diurnal is not None and spec.trace is not None:
+        raise ValueError("arrivals.diurnal shapes generated arrivals; a trace brings its own")
     if spec.rate_rps <= 0 or spec.arrival_cv <= 0 or spec.trace_time_scale <= 0:
         raise ValueError("arrivals.rate_rps, arrivals.cv and arrivals.time_scale must be positive")
     deployment = str(document.get("deployment", "shared"))
@@ -243,6 +253,9 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     if scrape_interval_s <= 0:
         raise ValueError("scrape_interval_s must be positive")
     splits = _splits(document.get("splits"), spec.adapters)
+    epp_replicas = int(document.get("epp_replicas", 1))
+    if epp_replicas < 1:
+        raise ValueError("epp_replicas must be at least 1")
     if splits and deployment == "dedicated":
         raise ValueError("splits need deployment: shared (a dedicated deployment serves one adapter)")
     return Scenario(
@@ -262,7 +275,32 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         scrape_interval_s=scrape_interval_s,
         deployment=deployment,
         splits=splits,
+        epp_replicas=epp_replicas,
     )
+
+
+def _shift(value: Any, count: int) -> workload.PopularityShift | None:
+    """`adapters.shift: {at_s: 300, rotate: 50}`."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"at_s", "rotate"}:
+        raise ValueError("adapters.shift must be {at_s: seconds, rotate: adapters}")
+    shift = workload.PopularityShift(at_s=float(value["at_s"]), rotate=int(value["rotate"]))
+    if shift.at_s < 0 or not 0 < shift.rotate < count:
+        raise ValueError("adapters.shift: at_s ≥ 0 and 0 < rotate < adapters.count")
+    return shift
+
+
+def _diurnal(value: Any) -> workload.DiurnalSwing | None:
+    """`arrivals.diurnal: {period_s: 1200, amplitude: 0.6}`."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"period_s", "amplitude"}:
+        raise ValueError("arrivals.diurnal must be {period_s: seconds, amplitude: 0..1}")
+    swing = workload.DiurnalSwing(period_s=float(value["period_s"]), amplitude=float(value["amplitude"]))
+    if swing.period_s <= 0 or not 0 <= swing.amplitude < 1:
+        raise ValueError("arrivals.diurnal: period_s > 0 and 0 ≤ amplitude < 1")
+    return swing
 
 
 def _splits(value: Any, adapters: tuple[str, ...]) -> Splits:

@@ -127,6 +127,30 @@ class WorkloadSpec:
     trace: tuple[TraceRow, ...] | None = None  # replaces arrivals and lengths
     trace_time_scale: float = 1.0  # > 1 replays the trace faster
     max_prompt_tokens: int = 16_384
+    shift: PopularityShift | None = None  # the popular adapters change mid-run
+    diurnal: DiurnalSwing | None = None  # the arrival rate swings around rate_rps
+
+
+@dataclass(frozen=True, slots=True)
+class PopularityShift:
+    """From `at_s` on, adapter i takes the popularity adapter (i − rotate) had: new adapters get hot."""
+
+    at_s: float
+    rotate: int
+
+
+@dataclass(frozen=True, slots=True)
+class DiurnalSwing:
+    """rate(t) = rate_rps · (1 + amplitude · sin(2πt / period_s)): a day's swing, compressed."""
+
+    period_s: float
+    amplitude: float
+
+    def keep_probability(self, t: np.ndarray) -> np.ndarray:
+        """Thinning: arrivals drawn at the peak rate are kept with rate(t) / peak rate."""
+        return np.asarray(
+            (1.0 + self.amplitude * np.sin(2 * np.pi * t / self.period_s)) / (1.0 + self.amplitude)
+        )
 
 
 def generate(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
@@ -137,6 +161,13 @@ def generate(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
         arrivals = np.array([r.offset_s / spec.trace_time_scale for r in rows])
         prompts = np.array([r.context_tokens for r in rows])
         outputs = np.array([r.generated_tokens for r in rows])
+    elif spec.diurnal is not None:
+        peak = gamma_arrivals(
+            rng, spec.rate_rps * (1 + spec.diurnal.amplitude), spec.arrival_cv, spec.duration_s
+        )
+        arrivals = peak[rng.random(peak.size) < spec.diurnal.keep_probability(peak)]
+        prompts = rng.integers(spec.prompt_tokens[0], spec.prompt_tokens[1] + 1, size=arrivals.size)
+        outputs = rng.integers(spec.output_tokens[0], spec.output_tokens[1] + 1, size=arrivals.size)
     else:
         arrivals = gamma_arrivals(rng, spec.rate_rps, spec.arrival_cv, spec.duration_s)
         prompts = rng.integers(spec.prompt_tokens[0], spec.prompt_tokens[1] + 1, size=arrivals.size)
@@ -144,6 +175,9 @@ def generate(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     n = arrivals.size
     picks = rng.choice(len(spec.adapters), size=n, p=spec.popularity) if spec.adapters else np.zeros(n)
     is_base = rng.random(n) < spec.base_fraction if spec.adapters else np.ones(n, dtype=bool)
+    if spec.shift is not None and spec.adapters:
+        shifted = arrivals >= spec.shift.at_s
+        picks = np.where(shifted, (picks + spec.shift.rotate) % len(spec.adapters), picks)
     requests: list[SimRequest] = []
     for i in range(n):
         adapter = "" if is_base[i] else spec.adapters[int(picks[i])]

@@ -1,7 +1,7 @@
 """`epp sim`: a vLLM-compatible model-server simulator.
 
-Pure parts, reusable by a discrete-event model: `lora` (GPU slots over a CPU tier, LRU),
-`kvcache` (per-adapter prefix cache), `engine` (batching and timing, stepped by its caller).
-Live parts: `driver` (runs the engine on a Clock), `metrics` (vLLM's /metrics), `api` (wire
-shapes), `server` (aiohttp routes), `cli` (flags).
+The pod itself (batching, LoRA slots, KV, prefix cache) is `epp.tools.vllm_pod`, shared with
+`epp bench`. Here: `engine` (that model costed by the flags, seen token by token, stepped by its
+caller), `driver` (runs the engine on a Clock), `metrics` (vLLM's /metrics), `api` (wire shapes),
+`server` (aiohttp routes), `cli` (flags).
 """

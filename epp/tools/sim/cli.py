@@ -148,6 +148,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     eg = parser.add_argument_group("engine")
     eg.add_argument("--max-num-seqs", type=_positive_int, default=8, help="running batch size")
+    eg.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=8192,
+        help="tokens one step computes (decodes first, then prefill chunks), as vLLM's chunked prefill",
+    )
     eg.add_argument("--time-to-first-token", type=_duration, default=0.02, help="fixed prefill step time")
     eg.add_argument(
         "--prefill-time-per-token",
@@ -186,6 +192,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         raise ValueError("an adapter name in --lora-modules equals a --served-model-name")
     engine = EngineConfig(
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         max_loras=args.max_loras,
         max_cpu_loras=max_cpu_loras,
         time_to_first_token_s=args.time_to_first_token,

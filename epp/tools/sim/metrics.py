@@ -22,7 +22,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from epp.tools.sim.engine import EngineConfig, EngineStats, FinishedRequest, StepOutcome, StepPlan
-from epp.tools.sim.lora import Activation
+from epp.tools.vllm_pod.lora import Activation
 
 # Real vLLM's exposition content type (prometheus_client's 0.0.4 text format).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -45,7 +45,7 @@ def test_request_times_are_ordered_and_every_request_finishes() -> None:
     for r in requests:
         assert r.first_token_s is not None and r.finish_s is not None
         assert 0.0 <= r.first_token_s <= r.finish_s
-    assert pod.running == 0 and pod.waiting == 0 and pod.kv_used_tokens == 0
+    assert pod.running == 0 and pod.waiting == 0 and pod.kv_reserved_tokens == 0
 
 
 @pytest.mark.parametrize("max_loras", [1, 2, 4], ids=["1-slot", "2-slots", "4-slots"])
@@ -55,7 +55,7 @@ def test_batch_never_holds_more_adapters_than_slots(max_loras: int) -> None:
         pod.enqueue(_request(i, f"a{i % 7}", output=5 + i % 13))
     now = 0.0
     while (duration := pod.begin_step(now)) is not None:
-        assert len(pod.gpu_slots) <= max_loras
+        assert len(pod.lora.gpu_adapters) <= max_loras
         assert len(pod.metrics(now).running_adapters) <= max_loras
         now += duration
         pod.end_step(now)
@@ -107,7 +107,7 @@ def test_metrics_report_in_flight_adapters_only_and_both_labels_alike() -> None:
     pod.end_step(duration)
     end, _ = _drain(pod, duration)
     idle = pod.metrics(end)
-    assert "a0" in pod.gpu_slots  # still resident ...
+    assert "a0" in pod.lora.gpu_adapters  # still resident ...
     assert idle.running_adapters == frozenset()  # ... but invisible once idle
     assert idle.kv_cache_usage == 0.0
 

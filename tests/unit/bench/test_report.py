@@ -93,6 +93,24 @@ def test_cli_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert doc["policies"]["default"]["replicas_for_slo"] is None
 
 
+def test_cli_compares_epp_replica_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--scenario", "brief", "--policies", "default,round-robin", "--duration", "20s"]
+    code = main(
+        [*argv, "--epp-replicas", "1,2", "--replica-search=false", "--progress=false", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "1 EPP replica\n" in out and "2 EPP replicas\n" in out
+    for count in (1, 2):
+        doc = json.loads((tmp_path / f"epp-replicas-{count}" / "results.json").read_text())
+        assert doc["scenario"]["epp_replicas"] == count
+    summary = json.loads((tmp_path / "epp_replicas.json").read_text())
+    assert summary["epp_replicas"] == [1, 2]
+    assert summary["policies"]["default"]["1"]["swaps_vs_first"] in (1.0, None)
+    assert set(summary["policies"]["round-robin"]) == {"1", "2"}
+    assert (tmp_path / "epp_replicas.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
@@ -100,8 +118,10 @@ def test_cli_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (["--policies", "default,best"], "unknown policies best"),
         (["--trace", "/no/such.csv"], "neither a packaged trace nor a file"),
         (["--adapters", "0"], "--adapters"),
+        (["--epp-replicas", "1,x"], "counts such as 1,2,4"),
+        (["--epp-replicas", "2,2"], "distinct counts"),
     ],
-    ids=["scenario", "policy", "trace", "adapters"],
+    ids=["scenario", "policy", "trace", "adapters", "epp-replicas-word", "epp-replicas-twice"],
 )
 def test_cli_bad_input_exits_2_with_a_message(
     argv: list[str], error: str, capsys: pytest.CaptureFixture[str]

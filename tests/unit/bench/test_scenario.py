@@ -8,9 +8,19 @@ from pathlib import Path
 import pytest
 
 from epp.errors import ConfigError
-from epp.tools.bench import scenario
+from epp.tools.bench import scenario, workload
 
-PACKAGED = ["azure-conv", "brief", "dedicated", "gie-multi-lora", "zipf-100", "zipf-1000"]
+PACKAGED = [
+    "azure-conv",
+    "brief",
+    "dedicated",
+    "diurnal",
+    "gie-multi-lora",
+    "popularity-shift",
+    "zipf-100",
+    "zipf-1000",
+    "zipf-500",
+]
 
 
 def test_every_packaged_scenario_is_listed() -> None:
@@ -111,3 +121,20 @@ def test_more_uniform_adapters_stay_uniform() -> None:
 def test_bad_overrides(overrides: dict[str, float], error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         scenario.load("brief").with_overrides(**overrides)  # type: ignore[arg-type]
+
+
+def test_shift_and_diurnal_are_read_and_checked() -> None:
+    base = {"adapters": {"count": 10}}
+    parsed = scenario.parse(
+        {
+            "adapters": {"count": 10, "shift": {"at_s": 30, "rotate": 5}},
+            "arrivals": {"diurnal": {"period_s": 60, "amplitude": 0.5}},
+        }
+    )
+    assert parsed.workload.shift == workload.PopularityShift(at_s=30.0, rotate=5)
+    assert parsed.workload.diurnal == workload.DiurnalSwing(period_s=60.0, amplitude=0.5)
+    assert scenario.parse(base).workload.shift is None
+    with pytest.raises(ValueError, match=r"rotate < adapters\.count"):
+        scenario.parse({"adapters": {"count": 10, "shift": {"at_s": 30, "rotate": 10}}})
+    with pytest.raises(ValueError, match="amplitude < 1"):
+        scenario.parse({"arrivals": {"diurnal": {"period_s": 60, "amplitude": 1.5}}})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import hashlib
 import itertools
 from pathlib import Path
@@ -114,3 +116,37 @@ def test_prompt_text_shares_the_prefix_per_adapter_only() -> None:
         assert workload.prompt_text(other[0])[:prefix_chars] != workload.prompt_text(a)[:prefix_chars]
     assert workload.prompt_text(a) != workload.prompt_text(b)
     assert len(workload.prompt_text(a)) <= 64 * 256
+
+
+def _zipf_spec(**changes: object) -> workload.WorkloadSpec:
+    spec = workload.WorkloadSpec(
+        duration_s=400.0,
+        adapters=workload.adapter_names(20),
+        popularity=workload.zipf_weights(20, 1.2),
+        rate_rps=50.0,
+    )
+    return dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
+
+
+def test_a_popularity_shift_hands_the_hot_adapters_popularity_to_others() -> None:
+    shifted = workload.generate(_zipf_spec(shift=workload.PopularityShift(at_s=200.0, rotate=10)), seed=2)
+    before = collections.Counter(r.adapter for r in shifted if r.arrival_s < 200.0)
+    after = collections.Counter(r.adapter for r in shifted if r.arrival_s >= 200.0)
+    assert before.most_common(1)[0][0] == "adapter-000"
+    assert after.most_common(1)[0][0] == "adapter-010"
+    assert after["adapter-000"] < after["adapter-010"] / 5
+    # Before the shift the list is the one the same spec without a shift gives.
+    plain = workload.generate(_zipf_spec(), seed=2)
+    assert [(r.arrival_s, r.adapter) for r in plain if r.arrival_s < 200.0] == [
+        (r.arrival_s, r.adapter) for r in shifted if r.arrival_s < 200.0
+    ]
+
+
+def test_a_diurnal_swing_moves_the_rate_around_its_mean() -> None:
+    swing = workload.DiurnalSwing(period_s=200.0, amplitude=0.6)
+    requests = workload.generate(_zipf_spec(diurnal=swing), seed=5)
+    times = np.array([r.arrival_s for r in requests])
+    peak = np.sum((times % 200.0 >= 25.0) & (times % 200.0 < 75.0))  # around the sine's top
+    trough = np.sum((times % 200.0 >= 125.0) & (times % 200.0 < 175.0))
+    assert peak > 2.5 * trough
+    assert abs(times.size / 400.0 - 50.0) < 5.0  # the mean rate stays rate_rps
