@@ -21,7 +21,7 @@ from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
 from epp.picker.admission import Admission
 from epp.picker.datastore.store import Datastore
-from epp.picker.datastore.types import Endpoint, InferenceModel, PodInfo, Pool
+from epp.picker.datastore.types import InferenceModel, PodInfo, Pool
 from epp.picker.director import Director, RoutingDecision
 from epp.picker.scheduling.types import Scheduler
 from epp.tools.bench.model import PodConfig, PodCounters, PodProfile, SimPod, SimRequest
@@ -70,14 +70,6 @@ def pod_info(index: int) -> PodInfo:
     )
 
 
-def pod_endpoint(index: int) -> Endpoint:
-    """Pod `index`'s one endpoint (one target port shared by all pods), named as the datastore names it."""
-    pod = pod_info(index)
-    return Endpoint(
-        name=f"{pod.name}-rank-0", pod_name=pod.name, namespace=NAMESPACE, ip=pod.ip, port=POD_PORT
-    )
-
-
 def request_body(request: SimRequest, base_model: str) -> bytes:
     """The completions request a client would send for this workload entry."""
     return json.dumps(
@@ -104,7 +96,9 @@ class _Run:
         self.fleet = fleet
         self.epps = epps
         self.clock = clock
-        self.pods = [SimPod(pod_endpoint(i).name, fleet.profile, fleet.config) for i in range(fleet.replicas)]
+        # Pods are named after the endpoints the datastore made of them, as scrapes are keyed.
+        names = [endpoint.name for endpoint in epps[0].datastore.endpoints()]
+        self.pods = [SimPod(name, fleet.profile, fleet.config) for name in names]
         self.index_by_name = {pod.name: i for i, pod in enumerate(self.pods)}
         self.events: list[tuple[float, int, int, int, int]] = []  # (time, order, kind, pod, EPP replica)
         self.order = 0
