@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from epp.tools.vllm_pod.cost import LatencyCost
@@ -12,7 +14,7 @@ from epp.tools.vllm_pod.request import SimRequest
 FLAT = LatencyCost(itl_batch_factor=0.0, lora_step_slowdown=0.0)
 
 
-def pod(rules: Rules = VLLM_RULES, *, kv_tokens: int = 65536, **config: int) -> VllmPod:
+def pod(rules: Rules = VLLM_RULES, *, kv_tokens: int = 65536, **config: Any) -> VllmPod:
     return VllmPod("p", PodConfig(**config), FLAT, kv_capacity_tokens=kv_tokens, block_size=16, rules=rules)
 
 
