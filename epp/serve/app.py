@@ -443,7 +443,7 @@ def _build_adapters(
         return _Adapters(runnables=(push,) if push is not None else ())
     catalog = FileCatalog(settings.adapter_catalog)
     loader = AdapterLoader(catalog.current, clock=clock, pods=push)
-    preloader = Preloader(loader, datastore, clock)
+    preloader = Preloader(loader, datastore, clock, scheduler=scheduler_state)
     unloader = ColdAdapterUnloader(
         loader, datastore, clock, idle_s=settings.adapter_idle_unload_s, scheduler=scheduler_state
     )

@@ -4,7 +4,8 @@ an `epp sidecar` next to each, `epp serve --adapter-state-port`, and Envoy in fr
 What a user sees: the EPP knows what each pod has registered from its sidecar and loads
 nothing for it; when sidecars die it routes on scraped metrics alone and loads over HTTP;
 after an EPP restart every sidecar gets a new stream and the EPP has the state again;
-`preloadStrategy: all` puts every adapter on every pod; an adapter loaded on demand and left
+`preloadStrategy: all` puts every adapter on every pod, `planned` an adapter on the pods the
+placement plan gives it; an adapter loaded on demand and left
 cold is unloaded while static ones stay; junk on the sidecar port never stops routing.
 """
 
@@ -229,3 +230,39 @@ def test_preload_all_puts_every_adapter_on_every_pod(preload_stack: LocalStack) 
     assert epp_counter(stack, "inference_extension_adapter_loads") == 6
     for adapter in sorted(wanted):
         assert completion(stack, adapter).status == 200
+
+
+@pytest.fixture(scope="module")
+def planned_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    catalog = catalogue(tmp_path_factory.mktemp("planned"), "planned", ("plan-1", "plan-2"))
+    yield from _started(stack_options(catalog, pods=3))
+
+
+def epp_gauge(stack: LocalStack, family: str, **labels: str) -> float:
+    url = f"http://127.0.0.1:{stack.epp_metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for metrics in text_string_to_metric_families(text)
+        for sample in metrics.samples
+        if sample.name == family and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_preload_planned_puts_an_adapter_on_its_planned_homes_ahead_of_requests(
+    planned_stack: LocalStack,
+) -> None:
+    """Two requests for plan-1, one after the other: the second is planned with all traffic so
+    far on plan-1, so the plan gives it all three pods. Two requests reach two pods at most; the
+    rest get plan-1 from the preloader. plan-2, never asked for, goes nowhere."""
+    stack = planned_stack
+    assert completion(stack, "plan-1").status == 200
+    assert completion(stack, "plan-1").status == 200
+    wait_until(
+        lambda: all("plan-1" in registered_on(stack, p.name) for p in stack.pods), "plan-1 on every pod"
+    )
+    preloaded = epp_gauge(stack, "inference_extension_adapter_owned", origin="preload")
+    on_demand = epp_gauge(stack, "inference_extension_adapter_owned", origin="demand")
+    assert preloaded >= 1 and preloaded + on_demand == 3
+    assert not any("plan-2" in registered_on(stack, p.name) for p in stack.pods)

@@ -3,7 +3,7 @@
 The controller writes it (ConfigMap key `adapters.yaml`, mounted into the EPP and passed as
 `--adapter-catalog FILE`); the loader reads it. Format:
 
-    preloadStrategy: demand          # or all
+    preloadStrategy: demand          # or planned, or all
     adapters:
     - name: legal-assistant-v2
       path: huggingface-org/legal-lora   # what POST /v1/load_lora_adapter gets as lora_path
@@ -26,6 +26,11 @@ import yaml
 from epp.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+# demand: on the first request naming it; planned: also ahead, on the placement plan's homes;
+# all: on every pod.
+PRELOAD_STRATEGIES = ("demand", "planned", "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +71,9 @@ def parse_catalog(text: str) -> Catalog:
             raise ConfigError(f"adapter catalogue: adapter {name!r} is listed twice")
         paths[name] = path
     strategy = doc.get("preloadStrategy", "demand")
-    if strategy not in ("demand", "all"):
-        raise ConfigError(f"adapter catalogue: preloadStrategy must be demand or all, got {strategy!r}")
+    if strategy not in PRELOAD_STRATEGIES:
+        allowed = ", ".join(PRELOAD_STRATEGIES)
+        raise ConfigError(f"adapter catalogue: preloadStrategy must be one of {allowed}, got {strategy!r}")
     return Catalog(paths, str(strategy))
 
 

@@ -1,12 +1,19 @@
-"""`preloadStrategy: all`: every catalogue adapter on every ready pod, in the background.
+"""Adapters loaded ahead of their requests, in the background.
 
-While the catalogue says `all`, `Preloader` loads each (pod, adapter) pair not yet known
-loaded: when a pod appears (its first good scrape), when the catalogue gains an adapter
-(checked every `interval_s`) and, with sidecar push state, when a pod reports it lost one
-(a model-server restart). At most `concurrency` loads run at once; a failed one is logged
-and retried after a jittered, doubling delay. Loads go through `AdapterLoader` with
-`preload=True`, so a request for the same pair waits on the same load instead of starting
-another, and routing never waits on the preloader itself.
+Which (pod, adapter) pairs, by the catalogue's `preloadStrategy`:
+- `all`: every catalogue adapter on every ready pod.
+- `planned`: each catalogue adapter the scheduler has seen on the pods its placement plan
+  makes the adapter's homes (hottest adapter first), so the first requests after the plan
+  moves an adapter, or widens its homes, find it registered. Needs the default policy's
+  scheduler state; without it nothing is preloaded.
+- `demand`: none.
+
+`Preloader` loads each wanted pair not yet known loaded: when a pod appears (its first good
+scrape), when the catalogue or the plan changes (checked every `interval_s`) and, with sidecar
+push state, when a pod reports it lost one (a model-server restart). At most `concurrency`
+loads run at once; a failed one is logged and retried after a jittered, doubling delay.
+Loads go through `AdapterLoader` with `preload=True`, so a request for the same pair waits on
+the same load instead of starting another, and routing never waits on the preloader itself.
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ import random
 
 from epp.clock import Clock
 from epp.errors import EppError
+from epp.operator.adapters.catalog import Catalog
 from epp.operator.adapters.loader import AdapterLoader, Key
 from epp.picker.datastore.store import Datastore
+from epp.picker.datastore.types import EndpointState
+from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scrape.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -38,6 +48,7 @@ class Preloader:
         interval_s: float = 1.0,
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
+        scheduler: SchedulerState | None = None,
     ) -> None:
         if concurrency < 1 or interval_s <= 0:
             raise ValueError("concurrency must be >= 1 and interval_s > 0")
@@ -48,6 +59,7 @@ class Preloader:
         self._interval_s = interval_s
         self._backoff = backoff
         self._rng = rng if rng is not None else random.Random()
+        self._scheduler = scheduler
         self._wake = asyncio.Event()
         self._running: set[Key] = set()
         self._done: dict[Key, float] = {}  # pair -> Clock time its load finished
@@ -75,15 +87,10 @@ class Preloader:
     def start_due(self, group: asyncio.TaskGroup) -> int:
         """Start loads for due pairs (up to the concurrency limit); returns how many started."""
         catalog = self._loader.catalog
-        if catalog.preload_strategy != "all":
-            self._done.clear()
-            self._failures.clear()
-            self._retry_at.clear()
-            return 0
         now = self._clock.now()
         # A pod is preloaded once it answers its scrapes, so the first load does not race its start.
-        ready = [s.address for s in self._datastore.snapshot().endpoints if s.is_fresh(now, float("inf"))]
-        wanted = [(address, adapter) for adapter in catalog.paths for address in ready]
+        ready = [s for s in self._datastore.snapshot().endpoints if s.is_fresh(now, float("inf"))]
+        wanted = self._wanted(catalog, ready, now)
         wanted_set = set(wanted)
         for table in (self._done, self._failures, self._retry_at):
             for key in [k for k in table if k not in wanted_set]:
@@ -101,6 +108,24 @@ class Preloader:
             group.create_task(self._load(key), name=f"adapter-preload:{key[0]}:{key[1]}")
             started += 1
         return started
+
+    def _wanted(self, catalog: Catalog, ready: list[EndpointState], now: float) -> list[Key]:
+        """The pairs the strategy wants loaded, in the order to load them."""
+        if catalog.preload_strategy == "all":
+            return [(state.address, adapter) for adapter in catalog.paths for state in ready]
+        state = self._scheduler
+        if catalog.preload_strategy != "planned" or state is None:
+            return []
+        address_of = {s.name: s.address for s in ready}
+        plan, popularity = state.plan, state.popularity
+        seen = [adapter for adapter in catalog.paths if plan.planned(adapter)]
+        seen.sort(key=lambda adapter: (-popularity.rate(adapter, now), adapter))
+        return [
+            (address_of[home], adapter)
+            for adapter in seen
+            for home in plan.ranked_homes(adapter)
+            if home in address_of
+        ]
 
     def _lost(self, key: Key) -> bool:
         """True when a State pushed after our load says the pod no longer has the adapter."""

@@ -9,7 +9,9 @@ oldest use first and at most `max_per_tick` per tick:
   that have had no request held for that pod for `idle_s` and are cold there: the residency
   model no longer has them in a GPU slot. One still in a slot is kept: it takes no slot
   another adapter needs (the model evicts it when one does), and unloading it would only
-  cost a reload.
+  cost a reload. With `preloadStrategy: planned` the same goes for preloaded ones, and a pod
+  that the placement plan makes one of the adapter's homes keeps it (the preloader would
+  only load it again).
 
 Never one with requests in flight: running or waiting in the pod's metrics, or in flight
 per the scheduler. A failed unload is logged and retried after a doubling delay.
@@ -23,7 +25,7 @@ from typing import Literal
 
 from epp.clock import Clock
 from epp.errors import EppError
-from epp.operator.adapters.loader import AdapterLoader, Key
+from epp.operator.adapters.loader import AdapterLoader, Key, Origin
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.state import SchedulerState
@@ -111,15 +113,24 @@ class ColdAdapterUnloader:
             last = self._loader.last_routed(address, adapter)
             if adapter not in catalog.paths:
                 due.append((last or 0.0, key, "removed"))
-            elif (
-                idle_unloading
-                and origin == "demand"
-                and last is not None
-                and now - last >= self._idle_s
-                and not self._in_gpu_slot(endpoint, adapter)
-            ):
-                due.append((last, key, "idle"))
+            elif idle_unloading and self._cold(origin, endpoint, adapter, last, now):
+                due.append((last or 0.0, key, "idle"))
         return due
+
+    def _cold(
+        self, origin: Origin, endpoint: EndpointState, adapter: str, last: float | None, now: float
+    ) -> bool:
+        """Idle for `idle_s`, out of every GPU slot, and not kept for the strategy's sake."""
+        if self._loader.catalog.preload_strategy == "planned":
+            if self._planned_home(endpoint, adapter):
+                return False
+        elif origin != "demand" or last is None:
+            return False
+        return now - (last or 0.0) >= self._idle_s and not self._in_gpu_slot(endpoint, adapter)
+
+    def _planned_home(self, endpoint: EndpointState, adapter: str) -> bool:
+        state = self._scheduler
+        return state is not None and endpoint.name in state.plan.ranked_homes(adapter)
 
     def _busy(self, endpoint: EndpointState, adapter: str) -> bool:
         metrics = endpoint.metrics

@@ -56,6 +56,7 @@ _SPEC_KEYS = frozenset({"model", "modelSource", "replicas", "adapters", "routing
 
 class PreloadStrategy(enum.StrEnum):
     DEMAND = "demand"  # loaded through the runtime API on the first request naming it
+    PLANNED = "planned"  # on demand, and ahead of traffic on the EPP's planned homes for it
     ALL = "all"  # registered on every replica at start (`--lora-modules`)
 
 

@@ -34,6 +34,7 @@ class Decision:
     reason: str = ""  # why the primary was picked, or why the request was refused
     scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     total_scores: Mapping[str, float] = field(default_factory=dict)
+    planned_homes: tuple[str, ...] = ()  # the placement plan's homes for the adapter, first home first
     duration_s: float = 0.0
     error_code: str = ""
     response_status: int | None = None  # filled in when the stream ends

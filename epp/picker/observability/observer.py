@@ -177,6 +177,7 @@ class Observer:
                     reason=result.reason,
                     scores=result.scores,
                     total_scores=result.total_scores,
+                    planned_homes=result.planned_homes,
                 )
             request.context.upstream_headers.extend(tracing.traceparent_headers(span))
             span.end()
@@ -195,6 +196,7 @@ class Observer:
                 reason=result.reason,
                 scores=result.scores,
                 total_scores=result.total_scores,
+                planned_homes=result.planned_homes,
                 duration_s=duration_s,
             )
         )

@@ -108,6 +108,7 @@ def set_result_attributes(
     reason: str,
     scores: Mapping[str, Mapping[str, float]],
     total_scores: Mapping[str, float],
+    planned_homes: Sequence[str] = (),
 ) -> None:
     span.set_attribute("epp.chosen", list(chosen))
     if chosen:
@@ -116,6 +117,8 @@ def set_result_attributes(
     span.set_attribute("epp.reason", reason)
     span.set_attribute("epp.scores", json.dumps({k: dict(v) for k, v in scores.items()}, sort_keys=True))
     span.set_attribute("epp.total_scores", json.dumps(dict(total_scores), sort_keys=True))
+    if planned_homes:
+        span.set_attribute("epp.planned_homes", list(planned_homes))
 
 
 def set_refusal_attributes(span: Span, *, error_code: str, reason: str) -> None:

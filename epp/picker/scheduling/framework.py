@@ -10,6 +10,7 @@ Plugins are pure and synchronous; time is `ctx.now`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ class ScheduleContext:
     state: SchedulerState
     memo: dict[str, object] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # endpoint name -> why (set by scorers)
+    planned_homes: tuple[str, ...] = ()  # the placement plan's homes for the adapter (set by its scorer)
 
 
 class Filter(Protocol):
@@ -135,7 +137,12 @@ class Profile:
         totals_out = {endpoints[i].name: totals[i] for i in order}
         reason = ctx.reasons.get(chosen[0].name, self.picker.name)
         return SchedulingResult(
-            endpoints=chosen, profile=self.name, reason=reason, scores=scores_out, total_scores=totals_out
+            endpoints=chosen,
+            profile=self.name,
+            reason=reason,
+            scores=scores_out,
+            total_scores=totals_out,
+            planned_homes=ctx.planned_homes,
         )
 
 
@@ -195,6 +202,9 @@ class ProfileScheduler:
                 for c in candidates:
                     residency.observe(c)
             self._observed_snapshot = snapshot
+            pool = tuple(e.endpoint.name for e in snapshot.endpoints)
+            if pool != self.state.pool:
+                self.state.pool = pool
         ctx = ScheduleContext(request=request, snapshot=snapshot, now=now, state=self.state)
         view = self._view
         if view is None or not view.valid(snapshot, candidates, now):
@@ -214,13 +224,21 @@ class ProfileScheduler:
         rng = self.state.rng
         residency = self.state.residency
         by_name = view.by_name
-        keep = [by_name[h] for h in residency.sorted_homes(request.target_model) if h in by_name]
+        adapter = request.target_model
+        keep = [by_name[h] for h in residency.sorted_homes(adapter) if h in by_name]
         home_cap = self._max_scored - self._max_scored // 4
+        homes = residency.homes(adapter)
         if len(keep) > home_cap:
             keep = rng.sample(keep, home_cap)
+        else:  # room left: where the placement plan puts the adapter, so replicas agree at any pool size
+            planned = (
+                by_name[h] for h in self.state.plan.ranked_homes(adapter) if h in by_name and h not in homes
+            )
+            keep.extend(itertools.islice(planned, home_cap - len(keep)))
         room = self._max_scored - len(keep)
-        homes = residency.homes(request.target_model)
-        extra = [e for e in view.window(rng, room + len(keep)) if e.endpoint.name not in homes]
+        kept = {e.endpoint.name for e in keep}
+        window = view.window(rng, room + len(keep))
+        extra = [e for e in window if e.endpoint.name not in homes and e.endpoint.name not in kept]
         return keep + extra[:room]
 
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:

@@ -71,6 +71,8 @@ def _adapter_affinity(name: str, p: Params, state: SchedulerState) -> Plugin:
         spill_load_ratio=p.number("spillLoadRatio", defaults.spill_load_ratio, minimum=0),
         home_spread=p.number("homeSpread", defaults.home_spread, minimum=0),
         protect_ratio=p.number("protectRatio", defaults.protect_ratio, minimum=0),
+        planned_home=p.number("plannedHomeScore", defaults.planned_home, minimum=0, maximum=1),
+        planned_swap=p.number("plannedSwapScore", defaults.planned_swap, minimum=0, maximum=1),
     )
 
 

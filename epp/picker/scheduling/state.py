@@ -1,4 +1,4 @@
-"""State a scheduler keeps between decisions: in-flight requests, residency, popularity, randomness.
+"""State a scheduler keeps between decisions: in-flight requests, residency, popularity, plan, randomness.
 
 One `SchedulerState` per scheduler; every plugin of that scheduler shares it. All of it
 is bounded (see each part) and advanced only by the caller's `now`.
@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, field
 
 from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.plan import HomePlan
 from epp.picker.scheduling.popularity import AdapterPopularity
 from epp.picker.scheduling.residency import ResidencyModel
 
@@ -20,8 +21,12 @@ class SchedulerState:
     staleness_threshold_s: float
     inflight: InflightTracker = field(default_factory=InflightTracker)
     popularity: AdapterPopularity = field(default_factory=AdapterPopularity)
+    plan: HomePlan = field(default_factory=HomePlan)
     residency: ResidencyModel = field(init=False)
     base_models: frozenset[str] = frozenset()  # names that are the base model, not an adapter
+    # The pool's endpoint names as of the last snapshot, one tuple until the pool changes: the
+    # placement plan ranks pods over the pool, not over one request's (filtered, sampled) candidates.
+    pool: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.residency = ResidencyModel(self.inflight)

@@ -49,6 +49,7 @@ class SchedulingResult:
     # endpoint name -> scorer name -> score in [0, 1], for tracing and /debug/decisions
     scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     total_scores: Mapping[str, float] = field(default_factory=dict)
+    planned_homes: tuple[str, ...] = ()  # endpoint names the placement plan gives the adapter, first first
 
     @property
     def primary(self) -> EndpointState:

@@ -22,12 +22,17 @@ def belady_swaps(adapters: Sequence[str], capacity: int, *, counted_from: int = 
     no slot). A load into a free slot is not a swap, as in the benchmark's own count. Only
     evictions at index ≥ `counted_from` are counted (the warm-up fills the cache uncounted).
     """
+    return sum(1 for index in belady_evictions(adapters, capacity) if index >= counted_from)
+
+
+def belady_evictions(adapters: Sequence[str], capacity: int) -> list[int]:
+    """The indices of the requests at which that cache evicts, in order (see `belady_swaps`)."""
     if capacity < 1:
         raise ValueError("capacity must be at least 1")
     next_use = _next_uses(adapters)
     cached: dict[str, float] = {}  # adapter → index of its next request
     furthest: list[tuple[float, str]] = []  # max-heap by next use (negated), stale entries skipped
-    swaps = 0
+    evictions: list[int] = []
     for index, adapter in enumerate(adapters):
         if not adapter:
             continue
@@ -37,11 +42,10 @@ def belady_swaps(adapters: Sequence[str], capacity: int, *, counted_from: int = 
                 if cached.get(victim) == -negated:
                     break
             del cached[victim]
-            if index >= counted_from:
-                swaps += 1
+            evictions.append(index)
         cached[adapter] = next_use[index]
         heapq.heappush(furthest, (-next_use[index], adapter))
-    return swaps
+    return evictions
 
 
 def _next_uses(adapters: Sequence[str]) -> list[float]:

@@ -282,6 +282,8 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
+    paths.append(_swaps_over_time(plt, result, out_dir / "swaps_over_time.png"))
+
     searched = {n: summaries[n].replicas_for_slo for n in names}
     if any(v is not None for v in searched.values()) or result.dedicated is not None:
         labels = list(names)
@@ -299,6 +301,34 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths
+
+
+def _swaps_over_time(plt: Any, result: BenchResult, path: Path) -> Path:
+    """Cumulative swaps against arrival time, one line per policy, and the Belady floor's (dashed)."""
+    start = result.scenario.warmup_s
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, s in result.summaries.items():
+        ax.step(
+            [t - start for t in s.swap_times_s], range(1, len(s.swap_times_s) + 1), where="post", label=name
+        )
+    floor = result.floor_swap_times_s
+    ax.step(
+        [t - start for t in floor],
+        range(1, len(floor) + 1),
+        where="post",
+        color="black",
+        linestyle="--",
+        label="floor (Belady)",
+    )
+    ax.set_xlabel("seconds after warm-up (arrival time)")
+    ax.set_ylabel("adapter swaps so far")
+    ax.set_title(f"Swaps over time — {result.scenario.name}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_outputs(result: BenchResult, out_dir: Path, *, command: str) -> list[Path]:

@@ -47,10 +47,11 @@ class PolicySummary:
     ttft_floor_p99_s: float = math.nan
     ttft_samples_s: tuple[float, ...] = field(default=(), repr=False)  # sorted, for CDF plots
     e2e_samples_s: tuple[float, ...] = field(default=(), repr=False)
+    swap_times_s: tuple[float, ...] = field(default=(), repr=False)  # arrivals that swapped, in order
 
     def as_json(self) -> dict[str, object]:
         data = dataclasses.asdict(self)
-        del data["ttft_samples_s"], data["e2e_samples_s"], data["policy"]
+        del data["ttft_samples_s"], data["e2e_samples_s"], data["swap_times_s"], data["policy"]
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
 
 
@@ -100,6 +101,7 @@ def summarize(result: RunResult, *, warmup_s: float, slo_ttft_s: float) -> Polic
         slo_goodput=sum(1 for t in ttfts if t <= slo_ttft_s) / n if n else 0.0,
         ttft_samples_s=tuple(ttfts),
         e2e_samples_s=tuple(e2es),
+        swap_times_s=tuple(sorted(r.arrival_s for r in served if r.caused_swap)),
     )
 
 
@@ -203,6 +205,7 @@ class BenchResult:
     summaries: dict[str, PolicySummary]
     dedicated: dict[str, int | None] | None = None  # per-adapter replicas, for `deployment: dedicated`
     swaps_floor_per_1k: float = 0.0  # what no router could beat on this request list (see floors)
+    floor_swap_times_s: tuple[float, ...] = field(default=(), repr=False)  # when that floor swaps
 
     @property
     def dedicated_total(self) -> int | None:
@@ -223,6 +226,7 @@ def run_bench(
     searched = search_scenario if search_scenario is not None else scenario
     summaries: dict[str, PolicySummary] = {}
     floor_per_1k: float | None = None
+    floor_times: tuple[float, ...] = ()
     for policy in policies:
 
         def tick(fraction: float, policy: str = policy) -> None:
@@ -232,6 +236,7 @@ def run_bench(
         run = run_policy(scenario, policy, progress=tick)
         if floor_per_1k is None:
             floor_per_1k = swaps_floor_per_1k(scenario, run.requests)
+            floor_times = floor_swap_times(scenario, run.requests)
         summary = with_floors(
             summarize(run, warmup_s=scenario.warmup_s, slo_ttft_s=scenario.slo.ttft_s),
             swaps_floor_per_1k(scenario, run.requests, served_only=True),
@@ -256,7 +261,11 @@ def run_bench(
         if progress is not None:
             progress("dedicated", "replica search", 1.0)
     return BenchResult(
-        scenario=scenario, summaries=summaries, dedicated=dedicated, swaps_floor_per_1k=floor_per_1k or 0.0
+        scenario=scenario,
+        summaries=summaries,
+        dedicated=dedicated,
+        swaps_floor_per_1k=floor_per_1k or 0.0,
+        floor_swap_times_s=floor_times,
     )
 
 
@@ -269,13 +278,23 @@ def swaps_floor_per_1k(
     the run stopped): they loaded nothing, so an overloaded policy is read against the floor of
     what it did serve. The denominator stays every measured request, as for the policy's swaps.
     """
+    times = floor_swap_times(scenario, requests, served_only=served_only)
+    measured = sum(1 for r in requests if r.arrival_s >= scenario.warmup_s)
+    return 1000.0 * len(times) / measured if measured else 0.0
+
+
+def floor_swap_times(
+    scenario: Scenario, requests: Sequence[SimRequest], *, served_only: bool = False
+) -> tuple[float, ...]:
+    """When the Belady floor swaps: the arrival time of each measured request at which it evicts."""
     ordered = sorted(requests, key=lambda r: r.index)
-    measured_from = next((n for n, r in enumerate(ordered) if r.arrival_s >= scenario.warmup_s), len(ordered))
-    measured = len(ordered) - measured_from
     adapters = [r.adapter if not served_only or (r.pod and not r.queued) else "" for r in ordered]
     slots = scenario.replicas * scenario.pod_config.max_loras
-    swaps = floors.belady_swaps(adapters, slots, counted_from=measured_from)
-    return 1000.0 * swaps / measured if measured else 0.0
+    return tuple(
+        ordered[index].arrival_s
+        for index in floors.belady_evictions(adapters, slots)
+        if ordered[index].arrival_s >= scenario.warmup_s
+    )
 
 
 def unconstrained(scenario: Scenario) -> Scenario:

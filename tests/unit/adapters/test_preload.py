@@ -1,4 +1,5 @@
-"""`Preloader` (preloadStrategy `all`): every catalogue adapter reaches every pod that answers,
+"""`Preloader`: with preloadStrategy `all` every catalogue adapter reaches every pod that answers,
+with `planned` each adapter the scheduler has seen reaches the pods its plan makes its homes;
 a bounded number at a time, with failures retried later."""
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from epp.operator.adapters.loader import AdapterLoader, SidecarCallError
 from epp.operator.adapters.preload import Preloader
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics
+from epp.picker.scheduling.build import build_scheduler_from_config
+from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.policies import policy_config_text
+from epp.picker.scheduling.state import SchedulerState
+from epp.picker.scheduling.types import LLMRequest
 from epp.picker.scrape.backoff import Backoff
 from tests.unit.adapters.fakes import CatalogFile, FakePods
 from tests.unit.fake_scheduler import pool_datastore
@@ -21,7 +28,11 @@ ALL = Catalog({"a1": "/a1", "a2": "/a2", "a3": "/a3"}, "all")
 
 
 def setup(
-    catalog: Catalog = ALL, *, scraped: tuple[int, ...] = (0, 1), concurrency: int = 4
+    catalog: Catalog = ALL,
+    *,
+    scraped: tuple[int, ...] = (0, 1),
+    concurrency: int = 4,
+    scheduler: SchedulerState | None = None,
 ) -> tuple[FakeClock, Datastore, FakePods, CatalogFile, Preloader]:
     clock = FakeClock()
     store = pool_datastore(IPS, clock=clock)
@@ -31,7 +42,7 @@ def setup(
     file = CatalogFile(catalog)
     loader = AdapterLoader(file, clock=clock, pods=pods)
     backoff = Backoff(base_s=1.0, cap_s=8.0)
-    preloader = Preloader(loader, store, clock, concurrency=concurrency, backoff=backoff)
+    preloader = Preloader(loader, store, clock, concurrency=concurrency, backoff=backoff, scheduler=scheduler)
     return clock, store, pods, file, preloader
 
 
@@ -95,3 +106,35 @@ async def test_an_adapter_a_pod_loses_is_loaded_again() -> None:
     clock.advance(1.0)
     assert await settle(preloader) == 1
     assert pods.registered[ADDRESSES[0]] == {"a1"}
+
+
+def _route(scheduler: ProfileScheduler, store: Datastore, adapter: str, now: float) -> str:
+    """Route one request for `adapter` through the default policy; returns the pod's address."""
+    request = LLMRequest(request_id=f"{adapter}-{now}", incoming_model=adapter, target_model=adapter)
+    snapshot = store.snapshot()
+    result = scheduler.schedule(request, snapshot.endpoints, snapshot, now)
+    scheduler.on_routed(request, result, now)
+    return result.primary.address
+
+
+async def test_planned_strategy_loads_adapters_seen_on_their_planned_homes_only() -> None:
+    scheduler = build_scheduler_from_config(
+        load_config(policy_config_text("default")), seed=1, name="default"
+    )
+    assert isinstance(scheduler, ProfileScheduler)
+    planned = Catalog(dict(ALL.paths), "planned")
+    clock, store, pods, _, preloader = setup(planned, scheduler=scheduler.state)
+    assert await settle(preloader) == 0  # no traffic yet: no plan, nothing to load ahead
+    served_at = _route(scheduler, store, "a1", clock.now())
+    assert await settle(preloader) == 1
+    assert pods.registered[served_at] == {"a1"}  # where the request went: its planned home
+    assert sum(len(names) for names in pods.registered.values()) == 1  # a2, a3: no traffic, no load
+    for _ in range(3):  # a1 takes all the traffic: its share asks for both pods
+        _route(scheduler, store, "a1", clock.now())
+    assert await settle(preloader) == 1
+    assert pods.registered == {address: {"a1"} for address in ADDRESSES}
+
+
+async def test_planned_strategy_without_scheduler_state_preloads_nothing() -> None:
+    _, _, pods, _, preloader = setup(Catalog(dict(ALL.paths), "planned"))
+    assert await settle(preloader) == 0 and pods.calls == []

@@ -181,3 +181,20 @@ async def test_a_negative_idle_time_is_refused() -> None:
     pod = await pod_with_cold_adapter()
     with pytest.raises(ValueError, match="idle_s"):
         pod.unloader(idle_s=-1.0)
+
+
+@pytest.mark.parametrize("preloaded", [False, True], ids=["on-demand", "preloaded"])
+async def test_with_the_planned_strategy_a_cold_adapter_goes_unless_the_pod_is_its_planned_home(
+    preloaded: bool,
+) -> None:
+    pod = await pod_with_cold_adapter("planned", preloaded=preloaded)
+    pod.scheduler.plan.homes("cold", (NAME,), 1)  # the only pod: the plan makes it the adapter's home
+    unloader = pod.unloader()
+    assert await unloader.tick() == []
+    plan = pod.scheduler.plan
+    # A pod joins that the hash ranks above this one for "cold": the plan moves the adapter there.
+    other = next(
+        p for p in (f"pod-{i}-rank-0" for i in range(1, 50)) if plan.ranking("cold", (p, NAME))[0] == p
+    )
+    plan.homes("cold", (other, NAME), 1)
+    assert await unloader.tick() == [Unloaded(ADDRESS, "cold", "idle")]

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from epp.tools.bench.floors import belady_swaps
+from epp.tools.bench.floors import belady_evictions, belady_swaps
 
 
 def _lru_swaps(adapters: list[str], capacity: int) -> int:
@@ -57,6 +57,7 @@ def test_evicts_the_adapter_needed_furthest_ahead() -> None:
     # With 2 slots, on "c" the clairvoyant cache drops "b" (next needed last), LRU drops "a".
     sequence = ["a", "b", "c", "a", "c", "a", "b"]
     assert belady_swaps(sequence, 2) == 2
+    assert belady_evictions(sequence, 2) == [2, 6]  # "c" evicts "b"; "b" evicts "c" (never needed again)
     assert _lru_swaps(sequence, 2) > belady_swaps(sequence, 2)
 
 

@@ -38,7 +38,8 @@ def small_result() -> runner.BenchResult:
 def test_outputs_are_written_and_well_formed(tmp_path: Path, small_result: runner.BenchResult) -> None:
     written = report.write_outputs(small_result, tmp_path, command="epp bench --scenario dedicated")
     names = {p.name for p in written}
-    assert {"results.json", "report.md", "latency_cdf.png", "swaps.png", "replicas_for_slo.png"} <= names
+    plots = {"latency_cdf.png", "swaps.png", "swaps_over_time.png", "replicas_for_slo.png"}
+    assert {"results.json", "report.md", *plots} <= names
     for png in tmp_path.glob("*.png"):
         assert png.read_bytes()[:8] == PNG_MAGIC
     doc = json.loads((tmp_path / "results.json").read_text())
@@ -50,6 +51,19 @@ def test_outputs_are_written_and_well_formed(tmp_path: Path, small_result: runne
     assert set(dedicated["per_adapter_replicas"]) == {f"adapter-{i:03d}" for i in range(5)}
     md = (tmp_path / "report.md").read_text()
     assert "| default |" in md and "![latency_cdf](latency_cdf.png)" in md
+
+
+def test_swaps_over_time_add_up_to_each_policys_count_and_the_floors() -> None:
+    sc = scenario.load("zipf-100").with_overrides(duration_s=40.0)
+    result = runner.run_bench(sc, ["default", "round-robin"], search_replicas=False)
+    measured = result.summaries["default"].requests
+    assert len(result.floor_swap_times_s) == round(result.swaps_floor_per_1k * measured / 1000)
+    assert result.floor_swap_times_s, "100 adapters on fewer slots need swaps"
+    for s in result.summaries.values():
+        assert len(s.swap_times_s) == s.swaps > 0
+        assert list(s.swap_times_s) == sorted(s.swap_times_s)
+        assert min(s.swap_times_s) >= sc.warmup_s
+        assert s.swaps >= s.swaps_floor_per_1k * s.requests / 1000  # no policy beats its floor
 
 
 def test_table_has_one_row_per_policy(small_result: runner.BenchResult) -> None:

@@ -94,7 +94,7 @@ def test_every_brief_fragment_and_the_sample_are_admitted_and_parsed(path: pathl
         (4, "must be a mapping"),
         ({"maxSlots": 0}, "maxSlots must be an integer from 1 to 256"),
         ({"maxSlots": "4"}, "maxSlots must be an integer from 1 to 256"),
-        ({"preloadStrategy": "eager"}, "preloadStrategy must be demand or all"),
+        ({"preloadStrategy": "eager"}, "preloadStrategy must be demand, planned or all"),
         ({"items": {"name": "a"}}, "items must be a list"),
     ],
     ids=["string", "number", "zero-slots", "string-slots", "bad-strategy", "items-mapping"],

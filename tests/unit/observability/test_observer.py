@@ -23,7 +23,10 @@ from epp.picker.extproc.stream import StreamHandler, StreamOptions
 from epp.picker.observability.decisions import DecisionLog
 from epp.picker.observability.metrics import EppMetrics
 from epp.picker.observability.observer import Observer
-from epp.picker.scheduling.types import LLMRequest
+from epp.picker.scheduling.build import build_scheduler_from_config
+from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.policies import policy_config_text
+from epp.picker.scheduling.types import LLMRequest, Scheduler
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 PARENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -38,7 +41,9 @@ def shed_sheddable(
 
 
 class Harness:
-    def __init__(self, *, exhausted: bool = False, shed: bool = False) -> None:
+    def __init__(
+        self, *, exhausted: bool = False, shed: bool = False, scheduler: Scheduler | None = None
+    ) -> None:
         self.clock = FakeClock()
         self.registry = CollectorRegistry()
         self.exporter = InMemorySpanExporter()
@@ -48,11 +53,10 @@ class Harness:
         self.observer = Observer(
             EppMetrics(self.registry), self.decisions, self.clock, tracer=provider.get_tracer("test")
         )
-        self.scheduler = FakeScheduler(exhausted=exhausted)
         admit = self.observer.observe_admit(shed_sheddable) if shed else None
         self.director = Director(
             pool_datastore(),
-            self.observer.observe_scheduler(self.scheduler),
+            self.observer.observe_scheduler(scheduler or FakeScheduler(exhausted=exhausted)),
             clock=self.clock,
             rng=random.Random(1),
             **({"admit": admit} if admit is not None else {}),
@@ -153,6 +157,21 @@ def test_a_decision_is_logged_with_candidates_choice_and_status() -> None:
     assert entry.response_status == 200
     assert h.sample("inference_extension_scheduler_picks_total", profile="default", reason="fake") == 1
     assert h.sample("inference_extension_scheduler_e2e_duration_seconds_count") == 1
+
+
+def test_an_adapters_decision_names_the_plans_homes_in_the_log_and_the_span() -> None:
+    config = load_config(policy_config_text("default"))
+    scheduler = build_scheduler_from_config(config, seed=1, name="default")
+    h = Harness(scheduler=scheduler)
+    h.request(b'{"model":"sql-lora","prompt":"x"}', request_id="p1", headers={"traceparent": TRACEPARENT})
+    [entry] = h.decisions.recent()
+    [home] = entry.planned_homes  # one home: the adapter has no traffic share yet
+    assert home in entry.candidates
+    assert entry.reason == "planned-free-slot"
+    assert json.loads(json.dumps(entry.to_json()))["planned_homes"] == [home]
+    [span] = h.exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert list(span.attributes["epp.planned_homes"]) == [home]  # type: ignore[arg-type]
 
 
 def test_shedding_is_counted_by_criticality_and_traced() -> None:

@@ -45,9 +45,9 @@ def _route(scheduler: ProfileScheduler, states: list[EndpointState], model: str,
     [
         ("active-on-0", "adapter-active"),
         ("resident-idle-on-0", "adapter-resident"),
-        ("nowhere", "free-slot"),
+        ("nowhere", "planned-free-slot"),
     ],
-    ids=["active", "resident-idle", "free-slot"],
+    ids=["active", "resident-idle", "planned-free-slot"],
 )
 def test_tier_order(setup: str, expected_reason: str) -> None:
     scheduler = _default()
@@ -61,6 +61,8 @@ def test_tier_order(setup: str, expected_reason: str) -> None:
     assert result.reason == expected_reason
     if setup != "nowhere":
         assert result.primary.name == "pod-0-rank-0"
+    else:  # resident nowhere: the placement plan's first home takes it
+        assert result.primary.name == result.planned_homes[0]
 
 
 def test_idle_resident_adapter_wins_though_vllm_reports_nothing() -> None:
@@ -264,3 +266,16 @@ def test_waiter_gets_the_slot_when_the_drained_adapter_finishes() -> None:
     assert not pod.waiters
     h2 = scheduler.schedule(_request("h2", 40), states, snapshot_of(states, NOW), NOW + 1.0)
     assert h2.scores["pod-0-rank-0"]["adapter-affinity-scorer"] < 0.05  # both slots busy now
+
+
+def test_two_epp_replicas_place_a_new_adapter_on_the_same_pod() -> None:
+    """Each replica has its own state and randomness; the placement plan still makes them agree."""
+    states = [endpoint_state(i, updated_at=NOW) for i in range(8)]
+    for n in range(20):
+        picks = set()
+        for seed in (1, 2):
+            text = policy_config_text("default")
+            scheduler = build_scheduler_from_config(load_config(text), seed=seed, name="default")
+            result = scheduler.schedule(_request(f"adapter-{n}"), states, snapshot_of(states, NOW), NOW)
+            picks.add(result.primary.name)
+        assert len(picks) == 1, f"adapter-{n}: {picks}"

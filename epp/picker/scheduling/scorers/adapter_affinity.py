@@ -15,6 +15,12 @@ traffic spills to a new home while popular adapters widen their home sets
 (desired homes = ⌈traffic share × pods × `homeSpread`⌉, at least 1). Rare adapters keep
 one home and land where eviction hurts least. Base-model requests need no slot: 1.0.
 
+Where a new home goes follows the placement plan (`plan.HomePlan`: rendezvous order over
+pod names, sized from the same desired count): a free slot on a planned home scores
+`plannedHomeScore` (0.1) more, never reaching an idle resident home, and a swap there
+`plannedSwapScore` (0.01) more, a tie-break only. So EPP replicas, or one EPP after a
+restart, put an adapter on the same pods instead of wherever load ties fall.
+
 Starvation guard: on a pod where a request has waited `drainAfterSeconds` (1) for a LoRA
 slot (the scrape reports deferred requests, or we sent more busy adapters than it has
 slots), the slot holder with the fewest requests in flight is drained: as a home it
@@ -52,6 +58,8 @@ class AdapterAffinityScorer:
     home_spread: float = 1.0
     cpu_tier_bonus: float = 0.02
     protect_ratio: float = 2.0  # a sole home is protected from adapters this many times colder
+    planned_home: float = 0.1  # added to a free slot on one of the plan's homes (kept below `resident`)
+    planned_swap: float = 0.01  # added to a swap there: a tie-break, the victim's coldness still rules
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
         reasons = ctx.reasons
@@ -60,6 +68,7 @@ class AdapterAffinityScorer:
                 reasons[e.endpoint.name] = "base-model"
             return [1.0] * len(endpoints)
         placement = self._placement(ctx, endpoints)
+        ctx.planned_homes = ctx.state.plan.ranked_homes(placement.adapter)
         out: list[float] = []
         append = out.append
         for i, e in enumerate(endpoints):
@@ -78,12 +87,15 @@ class AdapterAffinityScorer:
         homes = ctx.state.residency.homes(adapter)
         share = popularity.share(adapter, now)
         desired_homes = max(1, math.ceil(share * len(endpoints) * self.home_spread))
+        pool = ctx.state.pool or tuple(e.endpoint.name for e in endpoints)
+        planned_homes = max(1, math.ceil(share * len(pool) * self.home_spread))
         return _Placement(
             adapter=adapter,
             now=now,
             loads=loads,
             spill_above=least + self.spill_queue_threshold + self.spill_load_ratio * least,
             homes=homes,
+            planned=ctx.state.plan.homes(adapter, pool, planned_homes),
             # Too few homes for its traffic: a free slot elsewhere widens the set, so it scores higher.
             free_score=self.widen_slot if len(homes) < desired_homes else self.free_slot,
             target_rate=popularity.rate(adapter, now),
@@ -109,6 +121,10 @@ class AdapterAffinityScorer:
         else:
             free = m.max_lora if m and m.max_lora else residency.params.default_max_lora
         if free > 0 and not deferred:
+            if name in placement.planned:
+                # Never up to an idle resident home: the plan picks among new homes, not over old ones.
+                planned = min(placement.free_score + self.planned_home, self.resident - 0.01)
+                return planned, "planned-free-slot"
             return placement.free_score, "free-slot"
         return self._swap_score(state, placement, name, pod)
 
@@ -145,6 +161,8 @@ class AdapterAffinityScorer:
         value = self.evict * coldness
         if pod is not None and placement.adapter in pod.cpu:
             value = min(self.evict, value + self.cpu_tier_bonus)
+        if name in placement.planned:
+            return value + self.planned_swap, "planned-evict"
         return value, "evict"
 
 
@@ -157,5 +175,6 @@ class _Placement:
     loads: list[float]
     spill_above: float  # a home loaded above this is a hotspot
     homes: frozenset[str] | set[str]
+    planned: frozenset[str]  # the plan's homes for the adapter among the candidates
     free_score: float  # `widenSlot` while the adapter has fewer homes than its traffic asks for
     target_rate: float
