@@ -51,6 +51,9 @@ from epp.picker.observability.health import Health, build_health_server
 from epp.picker.observability.http import build_app, start_http
 from epp.picker.observability.metrics import EppMetrics, PoolCollector
 from epp.picker.observability.observer import Observer
+from epp.picker.peers import PeerSender, PeerService, build_peer_server, parse_peers, peers_route, process_id
+from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.shared import SharedScheduler
 from epp.picker.scheduling.state import SchedulerState
 from epp.serve import config
 from epp.serve.config import ServeSettings
@@ -74,6 +77,7 @@ class BoundPorts:
     grpc: int
     health: int
     metrics: int
+    peer: int = 0  # the peer exchange's port; 0 without `--peers`
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +159,7 @@ async def _serve(
             parts.source,
             parts.refresher,
             *parts.adapters.runnables,
+            parts.peers.sender if parts.peers is not None else None,
         )
     finally:
         await servers.stop(settings.grace_period_s)
@@ -197,6 +202,7 @@ class _Parts:
     refresher: _Runnable
     elector: LeaderElector | None
     adapters: _Adapters
+    peers: _Peers | None = None
 
     async def close(self) -> None:
         """Release what outlives the tasks: the adapter loader's session, queued trace spans."""
@@ -209,14 +215,39 @@ class _Parts:
 def _build_parts(settings: ServeSettings, clock: Clock) -> _Parts:
     datastore = Datastore(clock)
     telemetry = _build_telemetry(settings, datastore, clock)
-    director, scheduler_state = _build_director(settings, datastore, clock, telemetry.observer)
+    director, scheduler_state, shared = _build_director(settings, datastore, clock, telemetry.observer)
     source, synced = _build_source(settings, datastore, clock)
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
     adapters = _build_adapters(settings, datastore, clock, scheduler_state)
     if adapters.parts is not None:
         telemetry.registry.register(AdapterCollector(adapters.parts))
-    return _Parts(datastore, telemetry, director, source, synced, refresher, elector, adapters)
+    peers = _build_peers(settings, shared, clock) if shared is not None else None
+    return _Parts(datastore, telemetry, director, source, synced, refresher, elector, adapters, peers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Peers:
+    """Active-active: the peer exchange's receiving service and sending loop (`--peers`)."""
+
+    service: PeerService
+    sender: PeerSender
+    route: web.RouteDef
+
+
+def _build_peers(settings: ServeSettings, shared: SharedScheduler, clock: Clock) -> _Peers:
+    own_id = process_id()
+    pool = f"{settings.pool_namespace}/{settings.pool_name}"
+    service = PeerService(shared, own_id=own_id, pool=pool, clock=clock)
+    sender = PeerSender(
+        shared,
+        parse_peers(settings.peers),
+        own_id=own_id,
+        pool=pool,
+        clock=clock,
+        interval_s=settings.peer_interval_s,
+    )
+    return _Peers(service, sender, peers_route(shared, service, sender, clock, own_id=own_id))
 
 
 @dataclass(slots=True)
@@ -234,12 +265,14 @@ class _Servers:
     grpc_health: grpc.aio.Server
     http: web.AppRunner
     ports: BoundPorts
+    peer: grpc.aio.Server | None = None  # the peer exchange, with `--peers`
     _started: list[grpc.aio.Server] = field(default_factory=list, init=False)
 
     async def start(self) -> None:
-        for server in (self.grpc_health, self.ext_proc):
-            await server.start()
-            self._started.append(server)
+        for server in (self.grpc_health, self.ext_proc, self.peer):
+            if server is not None:
+                await server.start()
+                self._started.append(server)
 
     def lifecycle(self, stop: asyncio.Event, drain_period_s: float) -> _Lifecycle:
         return _Lifecycle(stop, self.health, drain_period_s, self.access_log, self.completions)
@@ -251,6 +284,8 @@ class _Servers:
             await self.ext_proc.stop(grace_s)
         if self.grpc_health in self._started:
             await self.grpc_health.stop(0)
+        if self.peer is not None and self.peer in self._started:
+            await self.peer.stop(0)
         await self.http.cleanup()
 
 
@@ -274,10 +309,15 @@ async def _open_servers(
     health_server, health_port = build_health_server(
         health, host=settings.host, port=settings.grpc_health_port
     )
+    peer_server, peer_port = None, 0
+    if parts.peers is not None:
+        peer_server, peer_port = build_peer_server(
+            parts.peers.service, host=settings.host, port=settings.peer_port
+        )
     http_app = _build_http_app(parts, health, metrics_token)
     runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
-    ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port)
-    return _Servers(health, completions, access_log, ext_server, health_server, runner, ports)
+    ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port, peer=peer_port)
+    return _Servers(health, completions, access_log, ext_server, health_server, runner, ports, peer_server)
 
 
 def _build_processor(
@@ -308,7 +348,11 @@ def _build_http_app(parts: _Parts, health: Health, metrics_token: str | None) ->
     http_app = build_app(
         parts.telemetry.registry,
         ready=lambda: health.ready,
-        extra_routes=(decisions_route(parts.telemetry.observer.decisions), *parts.adapters.routes),
+        extra_routes=(
+            decisions_route(parts.telemetry.observer.decisions),
+            *parts.adapters.routes,
+            *((parts.peers.route,) if parts.peers is not None else ()),
+        ),
     )
     if metrics_token is not None:
         http_app.middlewares.append(bearer_auth_middleware(metrics_token))
@@ -454,7 +498,8 @@ def _build_adapters(
 
 def _build_director(
     settings: ServeSettings, datastore: Datastore, clock: Clock, observer: Observer
-) -> tuple[Director, SchedulerState | None]:
+) -> tuple[Director, SchedulerState | None, SharedScheduler | None]:
+    """The director over the configured scheduler; with `--peers`, that scheduler shares its routing."""
     from epp.picker.admission import build_admission
     from epp.picker.scheduling.build import build_scheduler
     from epp.picker.scheduling.config import load_config
@@ -474,6 +519,13 @@ def _build_director(
     admission = build_admission(
         settings.picker_config_text, staleness_threshold_s=settings.metrics_staleness_threshold_s
     )
+    shared = None
+    if settings.peers:
+        if not isinstance(scheduler, ProfileScheduler):
+            raise ConfigError(f"--peers needs a policy with scheduler state; {scheduler.name!r} keeps none")
+        scheduler = shared = SharedScheduler(
+            scheduler, peer_timeout_s=max(1.0, 50 * settings.peer_interval_s)
+        )
     director = Director(
         datastore,
         observer.observe_scheduler(scheduler),
@@ -482,7 +534,7 @@ def _build_director(
         rng=random.Random(settings.seed),
     )
     state = getattr(scheduler, "state", None)  # in-flight and residency, for the adapter unloader
-    return director, state if isinstance(state, SchedulerState) else None
+    return director, state if isinstance(state, SchedulerState) else None, shared
 
 
 def _build_source(

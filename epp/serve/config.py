@@ -69,6 +69,9 @@ class ServeSettings:
     tracing: bool = False  # --tracing, or OTEL_EXPORTER_OTLP_ENDPOINT set
     metrics_auth_token_file: pathlib.Path | None = None
     decision_log_size: int = 256
+    peers: str = ""  # NAME:PORT[,...] of the other active-active replicas; "" = none
+    peer_port: int = 9004
+    peer_interval_s: float = 0.1
 
     @property
     def lease_name(self) -> str:
@@ -255,6 +258,30 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="run several replicas; only the Lease holder reports ready",
     )
+    net.add_argument(
+        "--peers",
+        default="",
+        metavar="NAME:PORT[,...]",
+        help="active-active replicas: the other replicas' peer address, usually the EPP's headless "
+        "Service and --peer-port (resolved again every 5 s; this replica is recognised and left out). "
+        "Each replica then counts the others' in-flight requests and the adapters they load. Needs "
+        "a policy with scheduler state (the default or a config) (default: off)",
+    )
+    net.add_argument(
+        "--peer-port",
+        type=_port,
+        default=9004,
+        metavar="PORT",
+        help="where the peer exchange listens, plaintext: keep it to the EPP's own pods (default 9004)",
+    )
+    net.add_argument(
+        "--peer-interval",
+        type=_positive_duration,
+        default=0.1,
+        metavar="DURATION",
+        help="how often each peer gets a batch (an empty one is a heartbeat; a peer silent for 50 "
+        "intervals, at least 1 s, is forgotten with its requests) (default 100ms)",
+    )
 
     sched = parser.add_argument_group("scheduling")
     config = sched.add_mutually_exclusive_group()
@@ -360,6 +387,14 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         raise ConfigError("--decision-log-size must be at most 100000")
     if config_text is not None and args.policy is not None:
         raise ConfigError("--policy cannot be combined with --config-file/--config-text")
+    if args.peers.strip():
+        from epp.picker.peers import parse_peers
+
+        parse_peers(args.peers)  # a malformed entry fails at start, not at the first send
+        if args.ha_enable_leader_election:
+            raise ConfigError(
+                "--peers runs replicas active-active, --ha-enable-leader-election active-passive: choose one"
+            )
     return ServeSettings(
         pool_name=args.pool_name,
         pool_namespace=args.pool_namespace or env.get("NAMESPACE", "") or "default",
@@ -397,4 +432,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         tracing=args.tracing or bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()),
         metrics_auth_token_file=args.metrics_auth_token_file,
         decision_log_size=args.decision_log_size,
+        peers=args.peers.strip(),
+        peer_port=args.peer_port,
+        peer_interval_s=args.peer_interval,
     )

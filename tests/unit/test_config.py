@@ -142,12 +142,30 @@ def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -
         ),
         (["--pool-name", "p", "--secure-serving=false", "--cert-path", "/certs"], "--cert-path needs"),
         (["--pool-name", "p", "--policy", "random", "--config-text", "x"], "--policy cannot be combined"),
+        (["--pool-name", "p", "--peers", "epp-replicas"], "--peers: expected NAME:PORT entries"),
+        (
+            ["--pool-name", "p", "--peers", "epp-replicas:9004", "--ha-enable-leader-election"],
+            "--peers runs replicas active-active",
+        ),
     ],
-    ids=["no-pool", "missing-config-file", "cert-without-tls", "policy-and-config"],
+    ids=[
+        "no-pool",
+        "missing-config-file",
+        "cert-without-tls",
+        "policy-and-config",
+        "peer-no-port",
+        "peers-and-lease",
+    ],
 )
 def test_inconsistent_flags_are_config_errors(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("-", r"\-")):
         parse(argv)
+
+
+def test_peers_are_parsed_with_their_defaults() -> None:
+    s = parse(["--pool-name", "p", "--peers", " epp-replicas.ns.svc:9004 ", "--peer-interval", "50ms"])
+    assert (s.peers, s.peer_port, s.peer_interval_s) == ("epp-replicas.ns.svc:9004", 9004, 0.05)
+    assert parse(["--pool-name", "p"]).peers == ""
 
 
 def test_pool_file_makes_pool_name_optional(tmp_path: pathlib.Path) -> None:

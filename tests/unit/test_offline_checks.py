@@ -672,3 +672,41 @@ def test_e2e_suite_skips_with_one_clear_line_when_no_cluster_answers(tmp_path: p
     assert len(reasons) == 1, result.stdout[-2000:]
     assert f"127.0.0.1:{port}" in reasons[0] and "kind/up.sh" in reasons[0]
     assert re.search(r"\b\d+ skipped\b", result.stdout) and " passed" not in result.stdout
+
+
+def test_the_active_active_overlay_runs_every_replica_with_peers_it_can_reach() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    built = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "manifests" / "epp-active-active")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built) if d}
+    deployment = docs[("Deployment", "vllm-llama3-8b-epp")]
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    container = pod["spec"]["containers"][0]
+    assert deployment["spec"]["replicas"] >= 2
+    assert not any(a.startswith("--ha-enable-leader-election") for a in container["args"])
+    [peers] = [a for a in container["args"] if a.startswith("--peers=")]
+    service = docs[("Service", "vllm-llama3-8b-epp-peers")]
+    assert peers.startswith(f"--peers={service['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local:")
+    assert peers.endswith(f":{service['spec']['ports'][0]['port']}")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    container_ports = {p["name"] for p in container["ports"]}
+    assert service["spec"]["ports"][0]["targetPort"] in container_ports
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        selector = next(d for (k, _), d in docs.items() if k == kind)["spec"]
+        match = selector.get("selector", selector.get("podSelector"))["matchLabels"]
+        assert match.items() <= labels.items(), f"the {kind} selects the EPP pods"
+    policy = next(d for (k, _), d in docs.items() if k == "NetworkPolicy")["spec"]
+    allowed = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert allowed == container_ports, "the NetworkPolicy leaves no EPP port unreachable by mistake"
+    [peer_rule] = [r for r in policy["ingress"] if any(p["port"] == "grpc-peers" for p in r["ports"])]
+    assert peer_rule["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
+    spread = pod["spec"]["topologySpreadConstraints"]
+    assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}

@@ -47,6 +47,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="active-active EPP replicas, each with its own scrapes and state; a list (1,2,4) runs each",
     )
+    add_bool_flag(
+        parser,
+        "--epp-peers",
+        default=True,
+        help="active-active replicas exchange what they route every 100ms, as `epp serve --peers` does; "
+        "false: each knows only its own routing and the scrapes",
+    )
     add_bool_flag(parser, "--replica-search", default=True, help="search the fewest replicas meeting the SLO")
     parser.add_argument(
         "--search-duration",
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     )
     results: dict[int, runner.BenchResult] = {}
     for count in epp_counts:
-        scn = sc.with_overrides(epp_replicas=count)
+        scn = sc.with_overrides(epp_replicas=count, epp_peers=args.epp_peers)
         bar = ProgressBar(sys.stderr, len(names)) if args.progress else None
         results[count] = runner.run_bench(
             scn,

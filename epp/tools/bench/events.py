@@ -23,6 +23,8 @@ from epp.picker.admission import Admission
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import InferenceModel, PodInfo, Pool
 from epp.picker.director import Director, RoutingDecision
+from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.shared import SharedScheduler
 from epp.picker.scheduling.types import Scheduler
 from epp.tools.bench.model import PodConfig, PodCounters, PodProfile, SimPod, SimRequest
 from epp.tools.bench.policies import make_admission, make_scheduler
@@ -30,6 +32,7 @@ from epp.tools.bench.workload import prompt_text
 
 _STEP_END = 0
 _SCRAPE = 1
+_PEER_BATCH = 2
 POD_PORT = 8000
 NAMESPACE = "bench"
 POD_LABELS = {"app": "vllm"}
@@ -46,6 +49,9 @@ class Fleet:
     # The pool's InferenceModels; none means clients name adapters directly, as with no registry.
     models: tuple[InferenceModel, ...] = ()
     epp_replicas: int = 1  # active-active EPPs, each with its own scrapes and scheduler state
+    # Replicas tell each other what they route (`SharedScheduler`), one batch per peer every interval.
+    epp_peers: bool = True
+    peer_interval_s: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,7 @@ class _Epp:
 
     datastore: Datastore
     director: Director
+    shared: SharedScheduler | None = None  # with peers: the scheduler that exchanges batches
 
 
 class _Run:
@@ -113,6 +120,8 @@ class _Run:
                 self._push(
                     fleet.scrape_interval_s * ((i + 0.5) / pods + r / (replicas * pods)), _SCRAPE, i, r
                 )
+            if epps[r].shared is not None:
+                self._push(fleet.peer_interval_s * (r + 1) / replicas, _PEER_BATCH, 0, r)
 
     def _push(self, at: float, kind: int, pod_index: int, replica: int = 0) -> None:
         heapq.heappush(self.events, (at, self.order, kind, pod_index, replica))
@@ -164,10 +173,23 @@ class _Run:
                 epp, decision = self.in_flight.pop(done.index)
                 epp.director.complete(decision, served_address=None, status=200)
             self.start_step(i, now)
-        else:
+        elif kind == _SCRAPE:
             self.scrapes += 1
             self.epps[replica].datastore.update_metrics(self.pods[i].name, self.pods[i].metrics(now))
             self._push(now + self.fleet.scrape_interval_s, _SCRAPE, i, replica)
+        else:
+            self._send_batches(replica, now)
+            self._push(now + self.fleet.peer_interval_s, _PEER_BATCH, 0, replica)
+
+    def _send_batches(self, replica: int, now: float) -> None:
+        """Replica `replica`'s batch to each peer, delivered at once (loopback-fast next to the interval)."""
+        sender = self.epps[replica].shared
+        assert sender is not None
+        for r, peer in enumerate(self.epps):
+            if r != replica and peer.shared is not None:
+                peer.shared.apply(sender.drain(f"epp-{r}", f"epp-{replica}", now), now)
+                sender.sent(f"epp-{r}", f"epp-{r}")
+                peer.shared.expire(now)
 
 
 def bench_datastore(fleet: Fleet, clock: FakeClock) -> Datastore:
@@ -202,14 +224,19 @@ def simulate(
     epps = []
     for r in range(fleet.epp_replicas):
         datastore = bench_datastore(fleet, clock)
+        chosen = scheduler if scheduler is not None else make_scheduler(policy, seed + r)
+        shared = None
+        if fleet.epp_replicas > 1 and fleet.epp_peers and isinstance(chosen, ProfileScheduler):
+            chosen = shared = SharedScheduler(chosen)
+            shared.set_peers([f"epp-{p}" for p in range(fleet.epp_replicas) if p != r])
         director = Director(
             datastore,
-            scheduler if scheduler is not None else make_scheduler(policy, seed + r),
+            chosen,
             admit=(admission if admission is not None else make_admission()).admit,
             clock=clock,
             rng=random.Random(seed + r),
         )
-        epps.append(_Epp(datastore, director))
+        epps.append(_Epp(datastore, director, shared))
     run = _Run(fleet, epps, clock)
     arrivals_end = requests[-1].arrival_s if requests else 0.0
     stop_at = arrivals_end + drain_limit_s

@@ -93,6 +93,7 @@ def results_document(result: BenchResult, *, command: str) -> dict[str, Any]:
             "slo_ttft_s": sc.slo.ttft_s,
             "slo_target_goodput": sc.slo.target_goodput,
             "epp_replicas": sc.epp_replicas,
+            "epp_peers": sc.epp_peers,
         },
         "swaps_floor_per_1k": result.swaps_floor_per_1k,
         "policies": {name: summary.as_json() for name, summary in result.summaries.items()},

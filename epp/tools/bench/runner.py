@@ -113,6 +113,7 @@ def fleet_for(scenario: Scenario, replicas: int | None = None) -> Fleet:
         scrape_interval_s=scenario.scrape_interval_s,
         models=inference_models(scenario),
         epp_replicas=scenario.epp_replicas,
+        epp_peers=scenario.epp_peers,
     )
 
 

@@ -37,6 +37,7 @@ _TOP_KEYS = {
     "slo",
     "splits",
     "epp_replicas",
+    "epp_peers",
 }
 
 # client model name → ((target model, weight), ...): an InferenceModel's weighted targets
@@ -65,6 +66,7 @@ class Scenario:
     deployment: str = "shared"  # "shared": one pool; "dedicated": one deployment per adapter
     splits: Splits = ()  # InferenceModels with weighted targets (canaries, A/B), resolved by the Director
     epp_replicas: int = 1  # active-active EPPs behind the gateway, each with its own state
+    epp_peers: bool = True  # with several: they exchange what they route (`epp serve --peers`)
 
     def with_overrides(
         self,
@@ -78,6 +80,7 @@ class Scenario:
         seed: int | None = None,
         scrape_interval_s: float | None = None,
         epp_replicas: int | None = None,
+        epp_peers: bool | None = None,
     ) -> Scenario:
         """A copy with command-line overrides applied."""
         spec = self.workload
@@ -124,6 +127,7 @@ class Scenario:
             warmup_s=warmup,
             scrape_interval_s=scrape_interval_s if scrape_interval_s is not None else self.scrape_interval_s,
             epp_replicas=epp_replicas if epp_replicas is not None else self.epp_replicas,
+            epp_peers=epp_peers if epp_peers is not None else self.epp_peers,
         )
 
     def _is_uniform(self) -> bool:
@@ -256,6 +260,9 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     epp_replicas = int(document.get("epp_replicas", 1))
     if epp_replicas < 1:
         raise ValueError("epp_replicas must be at least 1")
+    epp_peers = document.get("epp_peers", True)
+    if not isinstance(epp_peers, bool):
+        raise ValueError("epp_peers must be true or false")
     if splits and deployment == "dedicated":
         raise ValueError("splits need deployment: shared (a dedicated deployment serves one adapter)")
     return Scenario(
@@ -276,6 +283,7 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         deployment=deployment,
         splits=splits,
         epp_replicas=epp_replicas,
+        epp_peers=epp_peers,
     )
 
 

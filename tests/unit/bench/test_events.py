@@ -168,6 +168,20 @@ def test_several_epp_replicas_each_route_their_share_and_lose_nothing() -> None:
     assert result.scrapes > 2 * one.scrapes
 
 
+def test_replicas_that_exchange_their_routing_wait_for_slots_as_rarely_as_one_epp() -> None:
+    """Without the exchange each replica fills pods it believes have free slots; with it (the
+    `epp serve --peers` logic, batches every 100 ms) four replicas route like one."""
+    sc = scenario.load("zipf-100").with_overrides(duration_s=60.0)
+
+    def slot_waits(replicas: int, peers: bool) -> float:
+        run = runner.run_policy(dataclasses.replace(sc, epp_replicas=replicas, epp_peers=peers), "default")
+        return runner.summarize(run, warmup_s=sc.warmup_s, slo_ttft_s=sc.slo.ttft_s).slot_wait_rate
+
+    one, alone, shared = slot_waits(1, True), slot_waits(4, False), slot_waits(4, True)
+    assert alone > 1.3 * one
+    assert shared < 1.1 * one
+
+
 def test_a_given_scheduler_is_one_epp() -> None:
     sc = _short(duration_s=5.0)
     fleet = dataclasses.replace(runner.fleet_for(sc), epp_replicas=2)

@@ -138,3 +138,13 @@ def test_shift_and_diurnal_are_read_and_checked() -> None:
         scenario.parse({"adapters": {"count": 10, "shift": {"at_s": 30, "rotate": 10}}})
     with pytest.raises(ValueError, match="amplitude < 1"):
         scenario.parse({"arrivals": {"diurnal": {"period_s": 60, "amplitude": 1.5}}})
+
+
+def test_epp_replicas_and_peers_are_read_and_checked() -> None:
+    parsed = scenario.parse({"epp_replicas": 4, "epp_peers": False})
+    assert (parsed.epp_replicas, parsed.epp_peers) == (4, False)
+    assert scenario.parse({}).epp_peers is True
+    with pytest.raises(ValueError, match="epp_peers must be true or false"):
+        scenario.parse({"epp_peers": "yes"})
+    with pytest.raises(ValueError, match="epp_replicas must be at least 1"):
+        scenario.parse({"epp_replicas": 0})
