@@ -78,6 +78,9 @@ class StackOptions:
     # Endpoints in Envoy's EPP cluster, each with its own ports; one runs at start, the others
     # are free for a rolling restart (a new EPP comes up before the old one drains).
     epp_slots: int = 1
+    # EPPs that serve at once (active-active, `epp serve --peers` between them), in the first
+    # slots; more than `epp_slots` adds slots.
+    epp_replicas: int = 1
     policy: str | None = None  # `epp serve --policy`; None = its default
     # How the EPP is started (benchmarks run another checkout's EPP beside this one's this way).
     epp_command: tuple[str, ...] = (sys.executable, "-m", "epp")
@@ -206,6 +209,7 @@ class EppSlot:
     grpc_port: int
     health_port: int
     metrics_port: int
+    peer_port: int = 0  # the peer exchange, with several replicas
     process: Child | None = None
 
     @property
@@ -307,21 +311,26 @@ class LocalStack:
             for pod in self.pods:
                 self.start_sidecar(pod.name)
         self.pool_file.write_text(self.pool_file_text())
-        self._slots = [EppSlot(free_port(), free_port(), free_port()) for _ in range(max(1, opts.epp_slots))]
+        slots = max(1, opts.epp_slots, opts.epp_replicas)
+        self._slots = [EppSlot(free_port(), free_port(), free_port(), free_port()) for _ in range(slots)]
+        serving = self._slots[: max(1, opts.epp_replicas)]
         if opts.routing is RoutingMode.EPP and opts.start_epp:
-            self._start_epp(self._slots[0])
+            for slot in serving:
+                self._start_epp(slot)
         self._start_envoy()
         deadline = self._clock.now() + timeout_s
         for pod in self.pods:
             self._wait(functools.partial(self._http_ok, f"{pod.url}/health"), self._sims[pod.name], deadline)
         for name, sidecar in self._sidecars.items():
             self._wait(functools.partial(self.sidecar_listening, name), sidecar, deadline)
-        slot = self._slots[0]
-        if slot.process is not None:
+        started = [slot for slot in serving if slot.process is not None]
+        for slot in started:
+            assert slot.process is not None
             self._wait(functools.partial(epp_ready, slot.health_port), slot.process, deadline)
         assert self.envoy is not None
         self.envoy.start(ready_timeout_s=max(1.0, deadline - self._clock.now()))
-        if slot.process is not None:
+        for slot in started:
+            assert slot.process is not None
             self._wait(functools.partial(self.envoy_sees_epp, slot, "healthy"), slot.process, deadline)
 
     def _start_sim(self, pod: Pod) -> None:
@@ -361,6 +370,9 @@ class LocalStack:
             command += ["--policy", opts.policy]
         if self.sidecar_port:
             command += ["--adapter-state-port", str(self.sidecar_port)]
+        if opts.epp_replicas > 1:
+            peers = ",".join(f"127.0.0.1:{s.peer_port}" for s in self._slots)
+            command += ["--peers", peers, "--peer-port", str(slot.peer_port), "--peer-interval", "50ms"]
         command += list(opts.extra_serve_args)
         self._epp_starts += 1
         log_name = "epp.log" if self._epp_starts == 1 else f"epp-{self._epp_starts}.log"

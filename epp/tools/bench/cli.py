@@ -130,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n{count} EPP replica{'s' if count > 1 else ''}")
         print(report.format_table(results[count]))
     if args.live:
-        code = live.run_live(sc, names, out=sys.stdout)
-        if code != 0:
-            return code
+        for count in epp_counts:
+            code = live.run_live(sc.with_overrides(epp_replicas=count), names, out=sys.stdout)
+            if code != 0:
+                return code
     if args.out is not None:
         command = command or f"epp bench --scenario {sc.name}"
         if len(results) == 1:

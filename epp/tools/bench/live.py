@@ -75,13 +75,15 @@ def _workload(seed: int) -> list[SimRequest]:
     return workload.generate(spec, seed)
 
 
-def _simulated(policy: str, seed: int) -> LiveFigures:
+def _simulated(policy: str, seed: int, epp_replicas: int) -> LiveFigures:
     requests = _workload(seed)
     fleet = Fleet(
         _sim_profile(),
         PodConfig(max_loras=LIVE_SIM.max_loras, max_num_seqs=LIVE_SIM.max_num_seqs),
         LIVE_PODS,
         scrape_interval_s=0.05,
+        epp_replicas=epp_replicas,
+        peer_interval_s=0.05,
     )
     result = simulate(policy, fleet, requests, seed=seed)
     summary = runner.summarize(result, warmup_s=0.0, slo_ttft_s=math.inf)
@@ -112,12 +114,13 @@ def _schedule(requests: list[SimRequest]) -> list[tuple[float, loadgen.Body]]:
     ]
 
 
-def _live(policy: str, seed: int) -> LiveFigures:
+def _live(policy: str, seed: int, epp_replicas: int) -> LiveFigures:
     requests = _workload(seed)
     options = StackOptions(
         pods=LIVE_PODS,
         sim=dataclasses.replace(LIVE_SIM, adapters=workload.adapter_names(LIVE_ADAPTERS)),
         policy=policy,
+        epp_replicas=epp_replicas,
     )
     with LocalStack(options, seed=seed) as stack:
         before = sum(stack.adapter_loads().values())
@@ -137,12 +140,19 @@ def _live(policy: str, seed: int) -> LiveFigures:
 
 
 def run_live(scenario: Scenario, policies: Sequence[str], *, out: TextIO) -> int:
-    """Run the live cross-check for `default` and `round-robin` (those of `policies`); exit status."""
+    """Run the live cross-check for `default` and `round-robin` (those of `policies`); exit status.
+
+    With `scenario.epp_replicas` above 1, that many `epp serve` processes run active-active
+    (`--peers`) behind the one Envoy, whose EPP cluster has them all; stateless baselines
+    run one (a round robin needs no peers).
+    """
     chosen = [p for p in LIVE_POLICIES if p in policies] or list(policies[:1])
+    replicas = scenario.epp_replicas
     out.write(
         f"\nlive cross-check: {LIVE_PODS} epp sim pods (max-loras {LIVE_SIM.max_loras}, max-num-seqs "
         f"{LIVE_SIM.max_num_seqs}), {LIVE_ADAPTERS} adapters, {LIVE_RATE_RPS:g} req/s for "
-        f"{LIVE_DURATION_S:g}s through Envoy and epp serve, next to the simulator on the same workload\n"
+        f"{LIVE_DURATION_S:g}s through Envoy and {replicas} epp serve"
+        f"{' replicas' if replicas > 1 else ''}, next to the simulator on the same workload\n"
     )
     out.write(
         f"{'policy':<12} {'run':<5} {'reqs':>5} {'errors':>6} {'loads/1k':>9} "
@@ -150,11 +160,12 @@ def run_live(scenario: Scenario, policies: Sequence[str], *, out: TextIO) -> int
     )
     for policy in chosen:
         try:
-            live = _live(policy, scenario.seed)
+            count = replicas if policy == "default" else 1
+            live = _live(policy, scenario.seed, count)
         except StackError as exc:
             out.write(f"live stack failed to start: {exc}\n")
             return 1
-        for label, fig in (("live", live), ("sim", _simulated(policy, scenario.seed))):
+        for label, fig in (("live", live), ("sim", _simulated(policy, scenario.seed, count))):
             out.write(
                 f"{policy:<12} {label:<5} {fig.requests:>5} {fig.errors:>6} "
                 f"{fig.adapter_loads_per_1k:>9.1f} {fig.ttft_p50_s * 1000:>7.0f}ms "

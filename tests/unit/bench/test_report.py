@@ -118,11 +118,32 @@ def test_cli_compares_epp_replica_counts(tmp_path: Path, capsys: pytest.CaptureF
     for count in (1, 2):
         doc = json.loads((tmp_path / f"epp-replicas-{count}" / "results.json").read_text())
         assert doc["scenario"]["epp_replicas"] == count
+        assert doc["scenario"]["epp_peers"] is True  # replicas exchange their routing unless told not to
     summary = json.loads((tmp_path / "epp_replicas.json").read_text())
     assert summary["epp_replicas"] == [1, 2]
     assert summary["policies"]["default"]["1"]["swaps_vs_first"] in (1.0, None)
     assert set(summary["policies"]["round-robin"]) == {"1", "2"}
     assert (tmp_path / "epp_replicas.png").stat().st_size > 0
+
+
+def test_cli_runs_replicas_without_the_exchange_when_asked(tmp_path: Path) -> None:
+    argv = [
+        "bench",
+        "--scenario",
+        "brief",
+        "--policies",
+        "default",
+        "--duration",
+        "20s",
+        "--epp-replicas",
+        "2",
+    ]
+    code = main(
+        [*argv, "--epp-peers=false", "--replica-search=false", "--progress=false", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert (doc["scenario"]["epp_replicas"], doc["scenario"]["epp_peers"]) == (2, False)
 
 
 @pytest.mark.parametrize(
