@@ -267,10 +267,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.set_title(f"{title} CDF — {result.scenario.name}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "latency_cdf.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(plt, fig, out_dir / "latency_cdf.png"))
 
     names = list(summaries)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -278,10 +275,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     ax.set_ylabel("adapter swaps per 1k requests")
     ax.set_title(f"Adapter swaps — {result.scenario.name}")
     ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    paths.append(out_dir / "swaps.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(plt, fig, out_dir / "swaps.png"))
 
     paths.append(_swaps_over_time(plt, result, out_dir / "swaps_over_time.png"))
 
@@ -297,10 +291,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.set_ylabel("fewest replicas meeting the TTFT SLO")
         ax.set_title(f"Replicas for SLO — {result.scenario.name} (missing: not met)")
         ax.tick_params(axis="x", rotation=30)
-        fig.tight_layout()
-        paths.append(out_dir / "replicas_for_slo.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out_dir / "replicas_for_slo.png"))
     return paths
 
 
@@ -321,11 +312,14 @@ def _swaps_over_time(plt: Any, result: BenchResult, path: Path) -> Path:
         linestyle="--",
         label="floor (Belady)",
     )
-    ax.set_xlabel("seconds after warm-up (arrival time)")
-    ax.set_ylabel("adapter swaps so far")
+    ax.set(xlabel="seconds after warm-up (arrival time)", ylabel="adapter swaps so far")
     ax.set_title(f"Swaps over time — {result.scenario.name}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -415,8 +409,4 @@ def _plot_replicas(results: Mapping[int, BenchResult], out_dir: Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Active-active EPP replicas — {results[counts[0]].scenario.name}")
-    fig.tight_layout()
-    path = out_dir / "epp_replicas.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "epp_replicas.png")
