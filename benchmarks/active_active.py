@@ -1,7 +1,7 @@
 """Active-active EPP replicas on a real request path: EPP CPU per request, errors and adapter loads
 with one `epp serve` and with several exchanging their routing (`--peers`), same workload.
 
-Run:  .venv/bin/python benchmarks/active_active.py [--replicas 1,2] [--rate 16] [--requests 480]
+Run:  .venv/bin/python -m benchmarks.active_active [--replicas 1,2] [--rate 16] [--requests 480]
       [--pods 4] [--seed 1]
 
 Each count gets its own stack (real Envoy whose EPP cluster has every replica, `epp sim` pods as
