@@ -84,6 +84,17 @@ GENERATION = [
         messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]),
     gen(CHAT_PATH, "chat-stream", max_tokens=3, stream=True),
     gen(CHAT_PATH, "chat-stream-usage", max_tokens=3, stream=True, stream_options={"include_usage": True}),
+    gen(COMPLETIONS, "n-2", max_tokens=2, n=2),
+    gen(COMPLETIONS, "n-2-batch", prompt=[IDS, IDS[:3]], max_tokens=2, n=2),
+    gen(COMPLETIONS, "n-2-stream", max_tokens=2, n=2, stream=True, stream_options={"include_usage": True}),
+    gen(COMPLETIONS, "logprobs", max_tokens=2, logprobs=2),
+    gen(COMPLETIONS, "logprobs-0", max_tokens=2, logprobs=0),
+    gen(COMPLETIONS, "logprobs-stream", max_tokens=2, logprobs=1, stream=True),
+    gen(CHAT_PATH, "chat-n-2", max_tokens=2, n=2),
+    gen(CHAT_PATH, "chat-n-2-stream", max_tokens=2, n=2, stream=True, stream_options={"include_usage": True}),
+    gen(CHAT_PATH, "chat-logprobs", max_tokens=2, logprobs=True, top_logprobs=2),
+    gen(CHAT_PATH, "chat-logprobs-no-top", max_tokens=2, logprobs=True),
+    gen(CHAT_PATH, "chat-logprobs-stream", max_tokens=2, logprobs=True, top_logprobs=1, stream=True),
 ]  # fmt: skip
 
 ERRORS = [

@@ -17,7 +17,8 @@ one home and land where eviction hurts least. Base-model requests need no slot: 
 
 Where a new home goes follows the placement plan (`plan.HomePlan`: rendezvous order over
 pod names, sized from the same desired count): a free slot on a planned home scores
-`plannedHomeScore` (0.1) more, never reaching an idle resident home, and a swap there
+`plannedHomeScore` (0.1) more than another free slot (while widening, the others score that
+much less instead, so a resident home keeps its margin over any free slot), and a swap there
 `plannedSwapScore` (0.01) more, a tie-break only. So EPP replicas, or one EPP after a
 restart, put an adapter on the same pods instead of wherever load ties fall.
 
@@ -121,11 +122,14 @@ class AdapterAffinityScorer:
         else:
             free = m.max_lora if m and m.max_lora else residency.params.default_max_lora
         if free > 0 and not deferred:
+            # The plan picks among new homes and never narrows the margin of an old one: while
+            # widening, the planned free slot keeps `widenSlot` and the others drop below it.
+            widening = placement.free_score > self.free_slot
             if name in placement.planned:
-                # Never up to an idle resident home: the plan picks among new homes, not over old ones.
-                planned = min(placement.free_score + self.planned_home, self.resident - 0.01)
-                return planned, "planned-free-slot"
-            return placement.free_score, "free-slot"
+                bonus = 0.0 if widening else self.planned_home
+                return placement.free_score + bonus, "planned-free-slot"
+            malus = self.planned_home if widening else 0.0
+            return max(self.free_slot, placement.free_score - malus), "free-slot"
         return self._swap_score(state, placement, name, pod)
 
     def _home_score(
