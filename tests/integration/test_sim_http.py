@@ -184,6 +184,49 @@ async def test_completions_and_chat_answer_like_vllm(sim: SimProcess, http: aioh
     assert chat["usage"]["completion_tokens"] == 2
 
 
+async def test_several_choices_and_logprobs_come_as_vllm_numbers_and_shapes_them(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    body = {"model": "a", "prompt": ["one two", "three"], "max_tokens": 3, "n": 2, "logprobs": 2}
+    async with http.post(f"{sim.url}/v1/completions", json=body) as response:
+        reply = await response.json()
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]  # prompt index × n + sample
+    assert reply["usage"]["completion_tokens"] == 12
+    assert reply["usage"]["prompt_tokens"] == 3 + 2  # each prompt counted once, not per sample
+    logprobs = reply["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == 3
+    assert "".join(logprobs["tokens"]) == reply["choices"][0]["text"]
+    assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"][1] == len(logprobs["tokens"][0])
+    for token, logprob, top in zip(
+        logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+    ):
+        assert top[token] == logprob and len(top) == 3  # the sampled token on top of the 2 best
+    chat = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 3,
+            "logprobs": True, "top_logprobs": 1}  # fmt: skip
+    async with http.post(f"{sim.url}/v1/chat/completions", json=chat) as response:
+        reply = await response.json()
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
+    [first, _] = reply["choices"][0]["logprobs"]["content"]
+    assert first["bytes"] == list(first["token"].encode()) and len(first["top_logprobs"]) == 1
+    chat["top_logprobs"], chat["logprobs"] = 2, False
+    async with http.post(f"{sim.url}/v1/chat/completions", json=chat) as response:
+        assert response.status == 400
+        assert "`logprobs` must be set to true" in (await response.json())["error"]["message"]
+
+
+async def test_the_responses_api_answers_a_plain_text_request(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    body = {"model": "a", "input": "say hi", "max_output_tokens": 2}
+    async with http.post(f"{sim.url}/v1/responses", json=body) as response:
+        reply = await response.json()
+    assert (reply["object"], reply["model"], reply["status"]) == ("response", "a", "incomplete")
+    assert reply["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert reply["usage"]["output_tokens"] == 2
+    [message] = reply["output"]
+    assert message["role"] == "assistant" and message["content"][0]["type"] == "output_text"
+
+
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 async def test_streaming_is_well_formed_sse(sim: SimProcess, http: aiohttp.ClientSession, chat: bool) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"

@@ -163,6 +163,11 @@ def lora_lifecycle(models: pathlib.Path) -> list[Case]:
 
 ROUTES = [
     Case("GET", "/v1/models", name="models"),
+    Case("GET", f"/v1/models/{BASE_MODEL}", name="model-by-id"),
+    Case("GET", "/v1/models/lora-0", name="adapter-by-id"),
+    Case("GET", "/v1/models/nope", name="unknown-model-by-id"),
+    Case("POST", "/v1/embeddings", {"model": BASE_MODEL, "input": "hi"}, "embeddings-on-a-generation-model"),
+    Case("POST", "/v1/responses", {"model": BASE_MODEL, "input": "hi", "max_output_tokens": 2}, "responses"),
     Case("GET", "/health", name="health"),
     Case("GET", "/ping", name="ping"),
     Case("GET", "/version", name="version"),
@@ -170,10 +175,22 @@ ROUTES = [
 ]
 
 
-def shape(value: Any) -> Any:
-    """Keys and JSON types, not values; lists by their items' shapes."""
+def shape(value: Any, key: str = "") -> Any:
+    """Keys and JSON types, not values; lists by their items' shapes.
+
+    Two logprobs fields hold token text: a token's UTF-8 `bytes` (as long as the token) and the
+    completions API's `top_logprobs` entries (objects keyed by token text, with the sampled token
+    on top of the k best unless it is one of them). Those are compared as what they hold.
+    """
+    if key == "bytes" and isinstance(value, list):
+        return "utf-8 bytes" if all(isinstance(b, int) for b in value) else [shape(b) for b in value]
+    if key == "top_logprobs" and isinstance(value, list):
+        return [
+            "token -> logprob" if isinstance(item, dict) and "token" not in item else shape(item)
+            for item in value
+        ]
     if isinstance(value, dict):
-        return {key: shape(item) for key, item in value.items()}
+        return {k: shape(item, k) for k, item in value.items()}
     if isinstance(value, list):
         return [shape(item) for item in value]
     return type(value).__name__

@@ -42,6 +42,8 @@ class CompletionBody(RequestBody):
     max_tokens: int | None = None  # the server's default (16, as vLLM) when unset or null
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    n: int = 1  # choices per prompt
+    logprobs: int | None = None  # alternatives per token (the sampled one comes on top)
 
 
 class ChatBody(RequestBody):
@@ -51,6 +53,17 @@ class ChatBody(RequestBody):
     max_completion_tokens: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    n: int | None = 1
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+
+
+class ResponsesBody(RequestBody):
+    model: str | None = None
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    stream: bool | None = False
 
 
 class LoadLoraBody(RequestBody):

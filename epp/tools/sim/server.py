@@ -39,6 +39,16 @@ _VOCABULARY = (
     "tokens",
     "of",
     "text",
+    "a",
+    "small",
+    "vocabulary",
+    "for",
+    "simulated",
+    "answers",
+    "that",
+    "look",
+    "like",
+    "words",
 )
 
 
@@ -114,6 +124,7 @@ class SimServer:
         r = app.router
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post("/v1/responses", self.responses)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
         r.add_get("/ping", self.health)
@@ -223,6 +234,39 @@ class SimServer:
             )
         return await self._generate(request, gen, adapter, response_model, chat=True)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API for a plain text answer (no tools, no streaming), as vLLM 0.32 shapes it."""
+        body = schema.read_body(await request.read(), schema.ResponsesBody)
+        gen = api.parse_responses(body)
+        adapter, response_model = self._resolve(gen.model)
+        [prompt] = gen.prompts
+        budget = self._output_budget(gen, True, len(prompt))
+        self._in_flight += 1
+        request_id, queue = self.driver.submit(adapter, prompt, budget)
+        try:
+            tokens: list[api.SampledToken] = []
+            finish: str | None = None
+            while finish is None:
+                finish = (await queue.get()).finish_reason
+                tokens.append(self._token(None))
+        finally:
+            self._in_flight -= 1
+            self.driver.release(request_id)
+        return _json(
+            api.responses_body(
+                response_id=f"resp_{secrets.token_hex(8)}",
+                message_id=f"msg_{secrets.token_hex(8)}",
+                created=int(self.wall_clock()),
+                model=response_model,
+                text="".join(t.text for t in tokens),
+                finish_reason=finish,
+                max_output_tokens=body.max_output_tokens,
+                instructions=body.instructions,
+                prompt_tokens=len(prompt),
+                output_tokens=len(tokens),
+            )
+        )
+
     def _resolve(self, model: str | None) -> tuple[str | None, str]:
         """(adapter or None for the base, the name responses carry)."""
         if model is None or model in self.settings.served_model_names:
@@ -278,11 +322,13 @@ class SimServer:
         submitted: list[tuple[str, asyncio.Queue[TokenEvent]]] = []
         self._in_flight += 1
         try:
+            # Each prompt `n` times: choice index = prompt index × n + sample, as vLLM numbers them.
             for prompt, budget in zip(gen.prompts, budgets, strict=True):
-                try:
-                    submitted.append(self.driver.submit(adapter, prompt, budget))
-                except ValueError as err:
-                    raise errors.bad_request(str(err), "max_tokens") from None
+                for _ in range(gen.n):
+                    try:
+                        submitted.append(self.driver.submit(adapter, prompt, budget))
+                    except ValueError as err:
+                        raise errors.bad_request(str(err), "max_tokens") from None
             reply = _Reply(
                 response_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(8)}",
                 created=int(self.wall_clock()),
@@ -292,29 +338,32 @@ class SimServer:
             )
             queues = [queue for _, queue in submitted]
             if gen.stream:
-                return await self._stream(request, queues, chat, reply, gen.include_usage)
-            return _json(await self._collect(queues, chat, reply))
+                return await self._stream(request, queues, chat, reply, gen)
+            return _json(await self._collect(queues, chat, reply, gen.top_logprobs))
         finally:
             self._in_flight -= 1
             for request_id, _ in submitted:
                 self.driver.release(request_id)
 
     async def _collect(
-        self, queues: list[asyncio.Queue[TokenEvent]], chat: bool, reply: _Reply
+        self, queues: list[asyncio.Queue[TokenEvent]], chat: bool, reply: _Reply, top: int | None
     ) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         generated = 0
         for index, queue in enumerate(queues):
-            texts: list[str] = []
+            tokens: list[api.SampledToken] = []
             finish: str | None = None
             while finish is None:
                 finish = (await queue.get()).finish_reason
-                texts.append(self._token_text())
-            generated += len(texts)
-            text = "".join(texts)
-            choices.append(
-                api.chat_choice(text, finish) if chat else api.completion_choice(index, text, finish)
-            )
+                tokens.append(self._token(top))
+            generated += len(tokens)
+            text = "".join(t.text for t in tokens)
+            if chat:
+                choices.append(api.chat_choice(index, text, finish, api.chat_logprobs(tokens, top)))
+            else:
+                choices.append(
+                    api.completion_choice(index, text, finish, api.completion_logprobs(tokens, top))
+                )
         totals = api.usage(reply.prompt_tokens, generated)
         return api.response(
             chat, reply.response_id, reply.created, reply.model, choices, totals, reply.fingerprint
@@ -326,14 +375,14 @@ class SimServer:
         queues: list[asyncio.Queue[TokenEvent]],
         chat: bool,
         reply: _Reply,
-        include_usage: bool,
+        gen: api.GenerationRequest,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream; charset=utf-8"}
         )
         await response.prepare(request)
         try:
-            await self._write_stream(response, queues, chat, reply, include_usage)
+            await self._write_stream(response, queues, chat, reply, gen)
         except ConnectionResetError:
             log.info("client closed the stream", extra={"response_id": reply.response_id})
         return response
@@ -344,13 +393,15 @@ class SimServer:
         queues: list[asyncio.Queue[TokenEvent]],
         chat: bool,
         reply: _Reply,
-        include_usage: bool,
+        gen: api.GenerationRequest,
     ) -> None:
-        """vLLM's chunk sequence: (chat) a role chunk, then one chunk per token.
+        """vLLM's chunk sequence: (chat) a role chunk per choice, then one chunk per token.
 
-        The prompts of a batch decode side by side, so their chunks interleave step by step.
+        The choices of a request decode side by side, so their chunks interleave step by step.
         The fingerprint rides on the usage chunk when there is one, else on the last token chunk.
+        Each token chunk carries that token's logprobs when they were asked for.
         """
+        include_usage, top = gen.include_usage, gen.top_logprobs
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -360,10 +411,11 @@ class SimServer:
             }  # fmt: skip
 
         if chat:
-            await response.write(
-                api.sse(chunk([api.chat_role_chunk_choice()], prompt_token_ids=None, prompt_text=None))
-            )
+            for index in range(len(queues)):
+                role = api.chat_role_chunk_choice(index)
+                await response.write(api.sse(chunk([role], prompt_token_ids=None, prompt_text=None)))
         generated = 0
+        offsets = [0] * len(queues)  # each choice's text so far, for completion logprobs' text_offset
         decoding = list(enumerate(queues))
         while decoding:
             still_decoding = []
@@ -372,11 +424,15 @@ class SimServer:
                 generated += 1
                 if finish is None:
                     still_decoding.append((index, queue))
-                text = self._token_text()
+                token = self._token(top)
+                offset = offsets[index]
+                offsets[index] += len(token.text)
                 choice = (
-                    api.chat_chunk_choice(text, finish)
+                    api.chat_chunk_choice(index, token.text, finish, api.chat_logprobs([token], top))
                     if chat
-                    else api.completion_chunk_choice(index, text, finish)
+                    else api.completion_chunk_choice(
+                        index, token.text, finish, api.completion_logprobs([token], top, offset)
+                    )
                 )
                 last = not include_usage and not still_decoding and position == len(decoding) - 1
                 extra = {"system_fingerprint": reply.fingerprint} if last else {}
@@ -388,8 +444,17 @@ class SimServer:
         await response.write(api.sse("[DONE]"))
         await response.write_eof()
 
-    def _token_text(self) -> str:
-        return " " + self._rng.choice(_VOCABULARY)
+    def _token(self, top: int | None) -> api.SampledToken:
+        """A random word. With logprobs asked for (`top` not None), synthetic ones: the sampled word
+        first, then `top` other words of the vocabulary with falling logprobs."""
+        rng = self._rng
+        if top is None:
+            return api.SampledToken(" " + rng.choice(_VOCABULARY), 0.0, ())
+        words = rng.sample(_VOCABULARY, top + 1)
+        logprob = -rng.uniform(0.01, 3.0)
+        ranked = [(" " + words[0], logprob)]
+        ranked += [(" " + w, round(-0.5 * (i + 1) - rng.random(), 4)) for i, w in enumerate(words[1:])]
+        return api.SampledToken(ranked[0][0], logprob, tuple(ranked))
 
     # ---- runtime LoRA ---------------------------------------------------------------------
     def _runtime_lora_allowed(self) -> bool:
