@@ -216,7 +216,8 @@ class ProfileScheduler:
 
     def _sample(self, request: LLMRequest, view: _FreshView) -> list[EndpointState]:
         """At most `max_scored_endpoints`: the adapter's homes (up to three quarters of them,
-        a random subset when there are more) plus a random sample of the other endpoints.
+        a random subset when there are more; its planned homes fill what is left of that
+        share) plus a random sample of the other endpoints.
 
         The others always get a quarter or more, so spill-over and free slots stay in view for
         an adapter with many homes. O(homes + sample), not O(pool): the pool is only indexed.

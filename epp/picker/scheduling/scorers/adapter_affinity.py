@@ -59,7 +59,7 @@ class AdapterAffinityScorer:
     home_spread: float = 1.0
     cpu_tier_bonus: float = 0.02
     protect_ratio: float = 2.0  # a sole home is protected from adapters this many times colder
-    planned_home: float = 0.1  # added to a free slot on one of the plan's homes (kept below `resident`)
+    planned_home: float = 0.1  # a planned home's free slot over the others (while widening: off the others)
     planned_swap: float = 0.01  # added to a swap there: a tie-break, the victim's coldness still rules
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
@@ -179,6 +179,6 @@ class _Placement:
     loads: list[float]
     spill_above: float  # a home loaded above this is a hotspot
     homes: frozenset[str] | set[str]
-    planned: frozenset[str]  # the plan's homes for the adapter among the candidates
+    planned: frozenset[str]  # the plan's homes for the adapter, planned over the whole pool
     free_score: float  # `widenSlot` while the adapter has fewer homes than its traffic asks for
     target_rate: float
