@@ -138,8 +138,12 @@ async def test_state_is_pushed_and_loads_run_on_the_pod(
             stub = pb_grpc.AdapterStateStub(channel)
             reply = await stub.Load(pb.LoadRequest(adapter="pushed", path=adapter_dir))
             assert reply.loaded_now
-            loaded = await states.until(lambda s: "pushed" in s.registered, "state after load")
+            # The State that carries the LOADED event (a poll may show the adapter one State earlier).
+            loaded = await states.until(
+                lambda s: any(e.kind == pb.AdapterEvent.LOADED for e in s.events), "the LOADED event"
+            )
             assert [(e.kind, e.adapter) for e in loaded.events] == [(pb.AdapterEvent.LOADED, "pushed")]
+            assert "pushed" in loaded.registered
             again = await stub.Load(pb.LoadRequest(adapter="pushed", path=adapter_dir))
             assert not again.loaded_now
             with pytest.raises(grpc.aio.AioRpcError) as caught:

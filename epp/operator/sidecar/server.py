@@ -42,14 +42,23 @@ class PodAdapters:
         return self.running | self.waiting
 
 
+MAX_EVENTS = 1024  # events kept for watchers that have not read them yet; older ones are dropped
+
+
 @dataclass(slots=True)
 class StateBoard:
-    """The latest adapter state, its version and the events not yet sent; wakes watchers."""
+    """The latest adapter state, its version and recent events by the version they came with;
+    wakes watchers.
+
+    A watcher gets every event published since the State it last read, not only the newest
+    State's: the poller and a Load can publish twice before a slow watcher reads once, and an
+    event must not vanish under the second publish.
+    """
 
     current: PodAdapters = PodAdapters()
     model_server_port: int = 0
     version: int = 0
-    events: list[pb.AdapterEvent] = field(default_factory=list)
+    events: list[tuple[int, pb.AdapterEvent]] = field(default_factory=list)  # (version, event)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def publish(self, state: PodAdapters, events: Iterable[pb.AdapterEvent] = ()) -> None:
@@ -59,22 +68,24 @@ class StateBoard:
         async with self.changed:
             self.current = state
             self.version += 1
-            self.events = new_events
+            self.events.extend((self.version, event) for event in new_events)
+            del self.events[:-MAX_EVENTS]
             self.changed.notify_all()
 
     async def next_after(self, version: int) -> pb.State:
-        """The state once its version differs from `version` (at once if it already does)."""
+        """The state once its version differs from `version` (at once if it already does), with
+        the events since `version`; a new watcher (`version` 0) gets the newest State's only."""
         async with self.changed:
             await self.changed.wait_for(lambda: self.version != version)
-            return self.message()
+            return self.message(since=version or self.version - 1)
 
-    def message(self) -> pb.State:
+    def message(self, *, since: int = 0) -> pb.State:
         return pb.State(
             registered=sorted(self.current.registered),
             active=sorted(self.current.active),
             max_slots=self.current.max_slots,
             version=self.version,
-            events=self.events,
+            events=[event for at, event in self.events if at > since],
             running=sorted(self.current.running),
             waiting=sorted(self.current.waiting),
             model_server_port=self.model_server_port,
