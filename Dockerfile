@@ -29,7 +29,6 @@ COPY . /src
 RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install --constraint /src/constraints.txt /wheels/*.whl \
- && /opt/venv/bin/pip install --constraint /src/constraints.txt --force-reinstall --no-deps opentelemetry-proto \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/pip uninstall --yes pip \
  && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} + \

@@ -1,4 +1,10 @@
-"""Build hook: compile proto/*.proto into epp/_proto/ with grpcio-tools (not committed).
+"""Build hook: compile our protos and the Envoy ones the EPP speaks into epp/_proto/ (not committed).
+
+Our own `proto/*.proto` compile from source. Envoy's ext_proc and access-log APIs (and the
+files they import) compile from `proto/envoy/descriptors.binpb`, a FileDescriptorSet written by
+`proto/envoy/vendor.py`, into `epp/_proto/{envoy,udpa,xds,validate}/` with their imports
+rewritten under `epp._proto`: no runtime dependency ships them, so nothing else can overwrite
+them or any other package's files.
 
 Runs for wheels, sdists built into wheels and editable installs alike: `build_py` writes
 the generated modules into the source tree's `epp/_proto/` (which editable installs use)
@@ -19,11 +25,16 @@ PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "epp" / "_proto"
 
 
+ENVOY_SET = PROTO_DIR / "envoy" / "descriptors.binpb"
+VENDORED_ROOTS = ("envoy", "udpa", "xds", "validate")
+
+
 def generate_protos() -> None:
     import grpc_tools
     from grpc_tools import protoc
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    generate_envoy_protos(protoc)
     (OUT_DIR / "__init__.py").write_text('"""Generated from proto/ by setup.py; do not edit."""\n')
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     for proto in sorted(PROTO_DIR.glob("*.proto")):
@@ -48,14 +59,45 @@ def generate_protos() -> None:
         grpc_module.write_text(text)
 
 
+def generate_envoy_protos(protoc: object) -> None:
+    """Envoy's protos from the vendored descriptor set, imports rewritten under `epp._proto`."""
+    from google.protobuf import descriptor_pb2
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(ENVOY_SET.read_bytes())
+    names = [f.name for f in files.file if f.name.split("/")[0] in VENDORED_ROOTS]
+    code = protoc.main(  # type: ignore[attr-defined]
+        [
+            "grpc_tools.protoc",
+            f"--descriptor_set_in={ENVOY_SET}",
+            f"--python_out={OUT_DIR}",
+            f"--grpc_python_out={OUT_DIR}",
+            *names,
+        ]
+    )
+    if code != 0:
+        raise RuntimeError("protoc failed on the vendored Envoy protos")
+    pattern = re.compile(rf"^(from|import) ({'|'.join(VENDORED_ROOTS)})([. ])", flags=re.M)
+    for root in VENDORED_ROOTS:
+        for directory in [OUT_DIR / root, *(p for p in (OUT_DIR / root).rglob("*") if p.is_dir())]:
+            (directory / "__init__.py").touch()
+        for module in (OUT_DIR / root).rglob("*.py"):
+            text = module.read_text()
+            module.write_text(pattern.sub(r"\1 epp._proto.\2\3", text))
+
+
 class BuildPyWithProtos(build_py):
     def finalize_options(self) -> None:
         super().finalize_options()
         # Metadata generation (egg_info) asks build_py for its files before `run`, and package
         # discovery ran before the generated sources existed on a fresh checkout: generate now.
         generate_protos()
-        if self.packages is not None and "epp._proto" not in self.packages:
-            self.packages.append("epp._proto")
+        if self.packages is not None:
+            generated = ["epp._proto"] + [
+                "epp._proto." + ".".join(p.relative_to(OUT_DIR).parts)
+                for root in VENDORED_ROOTS
+                for p in [OUT_DIR / root, *(d for d in (OUT_DIR / root).rglob("*") if d.is_dir())]
+            ]
+            self.packages.extend(name for name in generated if name not in self.packages)
 
 
 setup(cmdclass={"build_py": BuildPyWithProtos})

@@ -26,13 +26,13 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
-from envoy.config.core.v3 import base_pb2
-from envoy.data.accesslog.v3 import accesslog_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.accesslog.v3 import als_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.data.accesslog.v3 import accesslog_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.accesslog.v3 import als_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import SystemClock
 from epp.picker.admission import build_admission
 from epp.picker.datastore.store import Datastore

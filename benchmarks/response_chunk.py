@@ -20,10 +20,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import SystemClock
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import PodInfo, Pool

@@ -25,11 +25,11 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.picker.datastore.types import FailureMode
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, Reply, _started, completion

@@ -18,11 +18,11 @@ from concurrent import futures
 import aiohttp
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from tests.integration.test_serve_grpc import (
     BODY,
     POD_IPS,

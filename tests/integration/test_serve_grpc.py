@@ -22,14 +22,14 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp import tls
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.clock import SystemClock
 from epp.picker.datastore.types import EndpointState, Snapshot
 from epp.picker.director import Director

@@ -543,7 +543,12 @@ def test_plain_envoy_config_passes_envoy_validation() -> None:
 
 
 SHELL_SCRIPTS = sorted(
-    {*ROOT.glob("kind/*.sh"), *ROOT.glob("e2e/**/*.sh"), *[p for p in [ROOT / ".ci" / "run"] if p.exists()]}
+    {
+        *ROOT.glob("kind/*.sh"),
+        *ROOT.glob("e2e/**/*.sh"),
+        *ROOT.glob(".ci/*.sh"),
+        *[p for p in [ROOT / ".ci" / "run"] if p.exists()],
+    }
 )
 
 

@@ -16,10 +16,10 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
-from envoy.data.accesslog.v3 import accesslog_pb2
-from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from google.protobuf import duration_pb2
 
+from epp._proto.envoy.data.accesslog.v3 import accesslog_pb2
+from epp._proto.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from epp.picker import wire
 from epp.picker.extproc.completions import Completion, Completions
 

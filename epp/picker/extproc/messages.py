@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._proto.envoy.type.v3 import http_status_pb2
 from epp.errors import EppError
 from epp.picker import wire
 

@@ -13,13 +13,13 @@ import threading
 from collections.abc import AsyncIterator
 
 import grpc
-from envoy.service.accesslog.v3 import als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2_grpc
 
 from epp import tls
+from epp._proto.envoy.service.accesslog.v3 import als_pb2_grpc
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.errors import ConfigError
 from epp.picker import wire
 from epp.picker.extproc.accesslog import AccessLogReceiver

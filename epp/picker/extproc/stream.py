@@ -25,9 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import Clock
 from epp.errors import EppError, ErrorCode
 from epp.picker import wire

@@ -54,7 +54,8 @@ def _otlp_exporter() -> SpanExporter:
     except ImportError as err:
         raise ConfigError(
             f"--tracing: the OTLP exporter cannot be loaded ({err}); "
-            "reinstall opentelemetry-proto after xds-protos"
+            "another package overwrote its modules: "
+            "reinstall opentelemetry-proto and googleapis-common-protos"
         ) from err
     return OTLPSpanExporter()
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from envoy.config.core.v3 import address_pb2
-from envoy.data.accesslog.v3 import accesslog_pb2
 from google.protobuf import duration_pb2, struct_pb2, wrappers_pb2
 
+from epp._proto.envoy.config.core.v3 import address_pb2
+from epp._proto.envoy.data.accesslog.v3 import accesslog_pb2
 from epp.clock import FakeClock
 from epp.picker.extproc.accesslog import completion_key, completion_of
 from epp.picker.extproc.completions import Completion, Completions, peer_host

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock
 from epp.picker.director import Director
 from epp.picker.extproc.server import ExternalProcessor, build_ext_proc_server

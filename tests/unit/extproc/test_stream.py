@@ -7,10 +7,10 @@ import random
 import uuid
 
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock
 from epp.picker.director import Director
 from epp.picker.extproc.completions import Completion, Completions

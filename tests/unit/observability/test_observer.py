@@ -7,13 +7,13 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
 from epp.picker.context import RequestContext
