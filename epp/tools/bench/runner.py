@@ -236,8 +236,8 @@ def run_bench(
 
         run = run_policy(scenario, policy, progress=tick)
         if floor_per_1k is None:
-            floor_per_1k = swaps_floor_per_1k(scenario, run.requests)
             floor_times = floor_swap_times(scenario, run.requests)
+            floor_per_1k = per_1k_measured(scenario, run.requests, len(floor_times))
         summary = with_floors(
             summarize(run, warmup_s=scenario.warmup_s, slo_ttft_s=scenario.slo.ttft_s),
             swaps_floor_per_1k(scenario, run.requests, served_only=True),
@@ -279,9 +279,15 @@ def swaps_floor_per_1k(
     the run stopped): they loaded nothing, so an overloaded policy is read against the floor of
     what it did serve. The denominator stays every measured request, as for the policy's swaps.
     """
-    times = floor_swap_times(scenario, requests, served_only=served_only)
+    return per_1k_measured(
+        scenario, requests, len(floor_swap_times(scenario, requests, served_only=served_only))
+    )
+
+
+def per_1k_measured(scenario: Scenario, requests: Sequence[SimRequest], count: int) -> float:
+    """`count` per 1,000 requests that arrived after the warm-up."""
     measured = sum(1 for r in requests if r.arrival_s >= scenario.warmup_s)
-    return 1000.0 * len(times) / measured if measured else 0.0
+    return 1000.0 * count / measured if measured else 0.0
 
 
 def floor_swap_times(
