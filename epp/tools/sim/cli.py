@@ -16,6 +16,7 @@ from epp.cliutil import add_bool_flag, parse_duration
 from epp.clock import SystemClock
 from epp.tools.sim.engine import EngineConfig
 from epp.tools.sim.server import SimServer, SimSettings
+from epp.tools.vllm_pod.cost import LatencyCost
 
 log = logging.getLogger(__name__)
 
@@ -195,13 +196,15 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_loras=args.max_loras,
         max_cpu_loras=max_cpu_loras,
-        time_to_first_token_s=args.time_to_first_token,
-        inter_token_latency_s=args.inter_token_latency,
-        prefill_time_per_token_s=args.prefill_time_per_token,
-        lora_load_latency_s=args.lora_load_latency,
-        lora_cpu_load_latency_s=args.lora_cpu_load_latency,
-        itl_batch_factor=args.itl_batch_factor,
-        lora_step_slowdown=args.lora_step_slowdown,
+        cost=LatencyCost(
+            time_to_first_token_s=args.time_to_first_token,
+            inter_token_latency_s=args.inter_token_latency,
+            prefill_time_per_token_s=args.prefill_time_per_token,
+            lora_load_latency_s=args.lora_load_latency,
+            lora_cpu_load_latency_s=args.lora_cpu_load_latency,
+            itl_batch_factor=args.itl_batch_factor,
+            lora_step_slowdown=args.lora_step_slowdown,
+        ),
         kv_cache_tokens=args.kv_cache_tokens,
         block_size=args.block_size,
     )

@@ -1,9 +1,10 @@
 """The simulator's engine: the shared vLLM pod model, seen token by token.
 
 Scheduling, LoRA slots, KV and the prefix cache are `epp.tools.vllm_pod`, the same model
-`epp bench` runs; this module costs it with `epp sim`'s flags (`EngineConfig` → `LatencyCost`) and
-adds what an HTTP server needs on top: request ids, one `TokenEvent` per generated token for the
-streams, aborts, and a `FinishedRequest` record for vLLM's per-request histograms.
+`epp bench` runs, and so is its cost (`EngineConfig.cost`, a `LatencyCost` set from `epp sim`'s
+flags). This module adds what an HTTP server needs on top: request ids, one `TokenEvent` per
+generated token for the streams, aborts, and a `FinishedRequest` record for vLLM's per-request
+histograms.
 
 The engine never reads a clock or sleeps. A driver alternates `plan_step(now)` (schedule the next
 engine step and say how long it takes) and `finish_step(now)` (emit that step's tokens); the live
@@ -33,13 +34,8 @@ class EngineConfig:
     max_loras: int = 1
     max_cpu_loras: int = 1
     max_num_batched_tokens: int = 8192
-    time_to_first_token_s: float = 0.020
-    inter_token_latency_s: float = 0.005
-    prefill_time_per_token_s: float = 0.0
-    lora_load_latency_s: float = 0.050  # storage → GPU slot
-    lora_cpu_load_latency_s: float = 0.002  # host memory → GPU slot
-    itl_batch_factor: float = 0.05  # ITL × (1 + factor × (batch − 1))
-    lora_step_slowdown: float = 0.10  # step × (1 + slowdown × (distinct adapters − 1))
+    # Step and adapter-load times: the shared pod model's cost, which `epp bench` also runs.
+    cost: LatencyCost = field(default_factory=LatencyCost)
     kv_cache_tokens: int = 65536
     block_size: int = 16
 
@@ -53,17 +49,6 @@ class EngineConfig:
             max_cpu_loras=self.max_cpu_loras,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-        )
-
-    def cost(self) -> LatencyCost:
-        return LatencyCost(
-            time_to_first_token_s=self.time_to_first_token_s,
-            inter_token_latency_s=self.inter_token_latency_s,
-            prefill_time_per_token_s=self.prefill_time_per_token_s,
-            itl_batch_factor=self.itl_batch_factor,
-            lora_step_slowdown=self.lora_step_slowdown,
-            lora_load_latency_s=self.lora_load_latency_s,
-            lora_cpu_load_latency_s=self.lora_cpu_load_latency_s,
         )
 
 
@@ -152,7 +137,7 @@ class Engine:
         self.pod = VllmPod(
             "sim",
             config.pod_config(),
-            config.cost(),
+            config.cost,
             kv_capacity_tokens=config.num_blocks * config.block_size,
             block_size=config.block_size,
         )

@@ -479,7 +479,7 @@ class SimServer:
             raise errors.ApiError(
                 404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {shown}"
             )
-        await self.clock.sleep(self.settings.engine.lora_load_latency_s)
+        await self.clock.sleep(self.settings.engine.cost.lora_load_latency_s)
         self.engine.lora.load_to_cpu(name, self.engine.pinned_adapters())
         self.adapters[name] = path
         log.info("lora adapter loaded", extra={"adapter": name, "path": path})

@@ -33,9 +33,9 @@ def test_durations_accept_units_and_seconds() -> None:
     settings = settings_from_args(
         parse("--time-to-first-token", "30ms", "--inter-token-latency", "0.002", "--lora-load-latency", "1s")
     )
-    assert settings.engine.time_to_first_token_s == pytest.approx(0.030)
-    assert settings.engine.inter_token_latency_s == pytest.approx(0.002)
-    assert settings.engine.lora_load_latency_s == pytest.approx(1.0)
+    assert settings.engine.cost.time_to_first_token_s == pytest.approx(0.030)
+    assert settings.engine.cost.inter_token_latency_s == pytest.approx(0.002)
+    assert settings.engine.cost.lora_load_latency_s == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

@@ -7,17 +7,20 @@ from dataclasses import dataclass, field
 import pytest
 
 from epp.tools.sim.engine import Engine, EngineConfig, EngineStats, FinishedRequest, StepPlan
+from epp.tools.vllm_pod.cost import LatencyCost
 
 FAST = EngineConfig(
     max_num_seqs=8,
     max_loras=1,
     max_cpu_loras=2,
-    time_to_first_token_s=0.020,
-    inter_token_latency_s=0.005,
-    lora_load_latency_s=0.050,
-    lora_cpu_load_latency_s=0.002,
-    itl_batch_factor=0.0,
-    lora_step_slowdown=0.0,
+    cost=LatencyCost(
+        time_to_first_token_s=0.020,
+        inter_token_latency_s=0.005,
+        lora_load_latency_s=0.050,
+        lora_cpu_load_latency_s=0.002,
+        itl_batch_factor=0.0,
+        lora_step_slowdown=0.0,
+    ),
     kv_cache_tokens=4096,
     block_size=16,
 )
@@ -125,7 +128,7 @@ def test_full_batch_waits_for_capacity() -> None:
 def test_inter_token_latency_grows_with_batch(
     itl_batch_factor: float, batch: int, expected_itl_s: float
 ) -> None:
-    engine = Engine(EngineConfig(itl_batch_factor=itl_batch_factor, lora_step_slowdown=0.0))
+    engine = Engine(EngineConfig(cost=LatencyCost(itl_batch_factor=itl_batch_factor, lora_step_slowdown=0.0)))
     for i in range(batch):
         engine.submit(f"r{i}", None, prompt(4, f"s{i}"), 5, now=0.0)
     run = drive(engine)
@@ -133,7 +136,9 @@ def test_inter_token_latency_grows_with_batch(
 
 
 def test_distinct_adapters_in_a_batch_slow_every_step() -> None:
-    cfg = EngineConfig(max_loras=2, max_cpu_loras=2, itl_batch_factor=0.0, lora_step_slowdown=0.5)
+    cfg = EngineConfig(
+        max_loras=2, max_cpu_loras=2, cost=LatencyCost(itl_batch_factor=0.0, lora_step_slowdown=0.5)
+    )
     one, two = Engine(cfg), Engine(cfg)
     one.submit("x", "a", prompt(4), 3, now=0.0)
     one.submit("y", "a", prompt(4, "q"), 3, now=0.0)
