@@ -50,7 +50,7 @@ class LocalE2EStack:
 
     def start(self) -> None:
         self.local.start()
-        # One InferenceModel per adapter, as kind/ applies: with a model registry in place, a
+        # One InferenceModel per adapter, as kind/values.yaml has: with a model registry in place, a
         # model name no InferenceModel claims gets a 404 from the EPP.
         for adapter in self._adapters:
             self._models[adapter] = _inference_model(adapter, adapter, [])

@@ -5,9 +5,10 @@
 #   GATEWAY=istio kind/up.sh        # or envoy-gateway, or envoy (plain Envoy, no controller)
 #
 # Steps: kind cluster (kind/cluster.yaml) → build the image (Dockerfile) and load it into the
-# nodes → Gateway API CRDs → our CRDs → the gateway implementation → simulated vLLM pods, the
-# EPP (two replicas, leader election), the InferencePool and InferenceModels (kind/) → a
-# Gateway and HTTPRoutes (manifests/gateway/$GATEWAY) → wait until a request goes through.
+# nodes → Gateway API CRDs → our CRDs → the gateway implementation → simulated vLLM pods (kind/)
+# → the InferencePool, its EPP (two replicas, leader election), InferenceModels, and the
+# gateway's Gateway, route and extras, all with charts/inferencepool (kind/values.yaml) → wait
+# until a request goes through.
 # Safe to run again: every step applies or upgrades in place. Undo with kind/down.sh.
 set -euo pipefail
 
@@ -39,9 +40,9 @@ check_tools() {
   need docker "https://docs.docker.com/engine/install/"
   need kind "https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
   need kubectl "https://kubernetes.io/docs/tasks/tools/"
+  need helm "https://helm.sh/docs/intro/install/ (the pool and its EPP are installed with charts/inferencepool)"
   case "$GATEWAY" in
-  kgateway | istio | envoy-gateway) need helm "https://helm.sh/docs/intro/install/ (GATEWAY=$GATEWAY installs its controller with Helm)" ;;
-  envoy) ;;
+  kgateway | istio | envoy-gateway | envoy) ;;
   *) die "GATEWAY must be kgateway, istio, envoy-gateway or envoy, not '$GATEWAY'" ;;
   esac
   docker info >/dev/null 2>&1 || die "docker is installed but its daemon is not reachable (is it running? may you use it?)"
@@ -110,11 +111,28 @@ install_gateway_controller() {
 }
 
 deploy_stack() {
-  say "deploying simulated vLLM pods, the EPP, the pool and its models"
+  say "deploying the simulated vLLM pods (kind/)"
   kubectl apply -n "$NAMESPACE" -k kind/
-  kubectl apply -n "$NAMESPACE" -f manifests/samples/inferencemodels.yaml -f manifests/samples/inferenceobjective.yaml
-  say "deploying the gateway (manifests/gateway/$GATEWAY)"
-  kubectl apply -n "$NAMESPACE" -k "manifests/gateway/$GATEWAY"
+  local provider="$GATEWAY" routes=true
+  if [ "$GATEWAY" = envoy ]; then
+    provider=none
+    routes=false
+  fi
+  say "installing the pool, its EPP and its models with charts/inferencepool (provider.name=$provider)"
+  # --skip-crds: install_crds applied them already, server-side (they are too large for helm's
+  # client-side apply annotations on some clusters, and upgrades must update them in place).
+  helm upgrade -i vllm-llama3-8b charts/inferencepool -n "$NAMESPACE" --skip-crds \
+    -f kind/values.yaml \
+    --set provider.name="$provider" \
+    --set gateway.create="$routes" \
+    --set httpRoute.enabled="$routes"
+  if [ "$GATEWAY" = envoy ]; then
+    say "deploying the plain Envoy gateway (manifests/gateway/envoy)"
+    kubectl apply -n "$NAMESPACE" -k manifests/gateway/envoy
+  else
+    say "adding the baseline route that skips the EPP (kind/baseline-route)"
+    kubectl apply -n "$NAMESPACE" -k kind/baseline-route
+  fi
 }
 
 wait_ready() {

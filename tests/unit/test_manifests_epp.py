@@ -103,4 +103,4 @@ def test_service_selects_the_deployment_pods() -> None:
     service = _one("Service")
     labels = _one("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
-    assert {p["port"] for p in service["spec"]["ports"]} == {9002, 9090}
+    assert {p["port"] for p in service["spec"]["ports"]} == {9002, 9003, 9090}

@@ -13,7 +13,7 @@ from epp.picker.datastore.types import Metrics
 from epp.picker.observability.metrics import EppMetrics, PoolCollector
 from tests.unit.fake_scheduler import pool_datastore
 
-DASHBOARD = pathlib.Path(__file__).parents[3] / "manifests" / "grafana" / "epp-dashboard.json"
+DASHBOARD = pathlib.Path(__file__).parents[3] / "charts/inferencepool/dashboards/epp-dashboard.json"
 PROCESS_METRICS = {"process_cpu_seconds_total", "process_resident_memory_bytes"}
 FUNCTIONS = {"sum", "by", "rate", "histogram_quantile", "le"}
 

@@ -1,0 +1,504 @@
+"""charts/inferencepool with the real helm (and kubectl for the kustomize side), offline:
+
+- `helm lint` passes for kind's values and every provider;
+- every render (kind's values per provider, active-active, the v1alpha2 API, every option on)
+  validates: built-in kinds against the Kubernetes schemas, our kinds against our CRDs and the
+  EPP's parser, third-party kinds for their required fields; the EPP's arguments are ones
+  `epp serve` accepts;
+- the chart renders the same objects as the kustomize manifests it stands beside (so the two
+  never drift), for the plain EPP, active-active, the sample models and each gateway provider;
+- bad values fail the render with a message that names the value to change.
+
+helm and kubectl come from .ci/k8s_tools.sh (or PATH); without them these tests skip."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import pathlib
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.kube import leader
+from epp.kube import watch as kube
+from epp.picker.scheduling.config import load_config
+from epp.serve import config as serve_config
+from tests.support.kube_objects import kube_tool, validate
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "inferencepool"
+KIND_VALUES = ROOT / "kind" / "values.yaml"
+RELEASE = "vllm-llama3-8b"
+POOL_LABELS = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm"}}}}
+PROVIDERS = ("none", "istio", "kgateway", "envoy-gateway")
+
+HELM = kube_tool("helm")
+KUBECTL = kube_tool("kubectl")
+pytestmark = pytest.mark.skipif(
+    HELM is None, reason="helm is not installed (bash .ci/k8s_tools.sh installs it)"
+)
+
+PLUGINS = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: lora-affinity-scorer
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: lora-affinity-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 1}
+  - {pluginRef: max-score-picker}
+"""
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _helm(args: Sequence[str], values: Mapping[str, Any] | None) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    command = [HELM, *args]
+    if values is not None:
+        command += ["--values", "-"]
+    return subprocess.run(
+        command,
+        input=json.dumps(values) if values is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def render(values: Mapping[str, Any], *extra: str, namespace: str = "default") -> list[dict[str, Any]]:
+    result = _helm(["template", RELEASE, str(CHART), "--namespace", namespace, *extra], values)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def render_error(values: Mapping[str, Any]) -> str:
+    result = _helm(["template", RELEASE, str(CHART)], values)
+    assert result.returncode != 0, f"rendered although it should not:\n{result.stdout[:2000]}"
+    return result.stderr
+
+
+def kind_values(**extra: Any) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load(KIND_VALUES.read_text())
+    return _merge(values, extra)
+
+
+def provider_values(provider: str) -> dict[str, Any]:
+    routes = provider != "none"
+    return {"provider": {"name": provider}, "gateway": {"create": routes}, "httpRoute": {"enabled": routes}}
+
+
+def one(objects: Sequence[Mapping[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return dict(found[0])
+
+
+def container(objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (epp,) = spec["containers"]
+    return dict(epp)
+
+
+def serve_settings(objects: Sequence[Mapping[str, Any]]) -> serve_config.ServeSettings:
+    """Parse the rendered EPP arguments as `epp serve` would (the config file from the ConfigMap)."""
+    args = [a.replace("$(POD_NAMESPACE)", "default") for a in container(objects)["args"]]
+    assert args[0] == "serve"
+    configs = [
+        o for o in objects if o["kind"] == "ConfigMap" and not o["metadata"]["name"].endswith("-dashboard")
+    ]
+    for index, arg in enumerate(args):
+        if arg.startswith("--config-file=/config/"):
+            (config_map,) = configs
+            args[index] = "--config-text=" + config_map["data"][arg.removeprefix("--config-file=/config/")]
+    parser = argparse.ArgumentParser()
+    serve_config.configure_parser(parser)
+    return serve_config.settings_from_args(parser.parse_args(args[1:]))
+
+
+# -- lint and render -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_chart_lints_with_kind_values_for_every_provider(provider: str) -> None:
+    result = _helm(["lint", "--strict", str(CHART)], kind_values(**provider_values(provider)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+EVERYTHING = {
+    **POOL_LABELS,
+    "inferenceExtension": {
+        "replicas": 2,
+        "image": {"hub": "registry.example.com/lora", "tag": "0.1.0", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "secureServing": False,
+        "flags": {"v": 3, "refresh-metrics-interval": "50ms"},
+        "env": [{"name": "OTEL_SERVICE_NAME", "value": "lora-epp"}],
+        "pluginsConfigFile": "lora.yaml",
+        "pluginsCustomConfig": {"lora.yaml": PLUGINS},
+        "extraContainerPorts": [{"name": "debug", "containerPort": 9100, "protocol": "TCP"}],
+        "extraServicePorts": [{"name": "debug", "port": 9100, "targetPort": "debug", "protocol": "TCP"}],
+        "podAnnotations": {"example.com/team": "inference"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "epp", "effect": "NoSchedule"}],
+        "priorityClassName": "system-cluster-critical",
+        "tracing": {"enabled": True, "otelExporterEndpoint": "http://otel-collector:4317"},
+        "monitoring": {
+            "prometheus": {"enabled": True, "labels": {"release": "prometheus"}},
+            "grafanaDashboard": {"enabled": True},
+        },
+    },
+    "inferenceObjectives": [{"name": "batch-jobs", "priority": -1}],
+}
+
+CASES: dict[str, dict[str, Any]] = {
+    **{f"kind-{p}": kind_values(**provider_values(p)) for p in PROVIDERS},
+    "minimal": POOL_LABELS,
+    "active-active": _merge(
+        POOL_LABELS,
+        {"inferenceExtension": {"replicas": 3, "activeActive": {"enabled": True, "peerInterval": "250ms"}}},
+    ),
+    "v1alpha2": _merge(
+        POOL_LABELS,
+        {
+            "inferencePool": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"},
+            "inferenceModels": [{"name": "sql-lora"}],
+        },
+    ),
+    "everything": EVERYTHING,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_rendered_object_validates_and_the_epp_accepts_its_arguments(case: str) -> None:
+    objects = render(CASES[case])
+    for obj in objects:
+        validate(obj)
+        assert obj["metadata"].get("namespace", "default") == "default", obj["metadata"]
+    settings = serve_settings(objects)
+    assert settings.pool_name == RELEASE
+
+
+def test_crds_come_with_the_chart_unless_skipped() -> None:
+    with_crds = render(POOL_LABELS, "--include-crds")
+    names = {o["metadata"]["name"] for o in with_crds if o["kind"] == "CustomResourceDefinition"}
+    assert {
+        "inferencepools.inference.networking.k8s.io",
+        "inferencepools.inference.networking.x-k8s.io",
+        "inferencemodels.inference.networking.x-k8s.io",
+        "inferenceobjectives.inference.networking.x-k8s.io",
+    } <= names
+    assert not any(o["kind"] == "CustomResourceDefinition" for o in render(POOL_LABELS))
+
+
+def test_packaged_chart_holds_the_crds_and_renders_the_same(tmp_path: pathlib.Path) -> None:
+    """`helm package` resolves crds/ (a link to manifests/crds, kept in one place) into the archive."""
+    packaged = _helm(["package", str(CHART), "--destination", str(tmp_path)], None)
+    assert packaged.returncode == 0, packaged.stderr
+    (archive,) = tmp_path.glob("inferencepool-*.tgz")
+    result = _helm(["template", RELEASE, str(archive), "--include-crds"], kind_values())
+    assert result.returncode == 0, result.stderr
+    from_archive = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert from_archive == render(kind_values(), "--include-crds")
+    assert sum(o["kind"] == "CustomResourceDefinition" for o in from_archive) == 4
+
+
+# -- what the values do ----------------------------------------------------------------------------
+
+
+def test_one_replica_runs_alone_without_a_disruption_budget() -> None:
+    objects = render(POOL_LABELS)
+    assert "--ha-enable-leader-election" not in container(objects)["args"]
+    assert not any(o["kind"] == "PodDisruptionBudget" for o in objects)
+    assert serve_settings(objects).peers == ""
+
+
+def test_more_replicas_run_active_passive_with_a_disruption_budget() -> None:
+    objects = render(_merge(POOL_LABELS, {"inferenceExtension": {"replicas": 2}}))
+    assert "--ha-enable-leader-election" in container(objects)["args"]
+    assert one(objects, "Deployment")["spec"]["strategy"]["rollingUpdate"] == {
+        "maxUnavailable": 1,
+        "maxSurge": 1,
+    }
+    assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_active_active_replicas_find_each_other_through_the_peers_service() -> None:
+    objects = render(CASES["active-active"])
+    settings = serve_settings(objects)
+    peers = one(objects, "Service", f"{RELEASE}-epp-peers")
+    assert settings.peers == f"{RELEASE}-epp-peers.default.svc.cluster.local:9004"
+    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"] is True
+    assert "--ha-enable-leader-election" not in container(objects)["args"]
+    policy = one(objects, "NetworkPolicy")
+    (peer_rule,) = [r for r in policy["spec"]["ingress"] if "from" in r]
+    assert peer_rule["ports"] == [{"port": "grpc-peers", "protocol": "TCP"}]
+
+
+def test_plugin_config_is_mounted_and_read_by_the_epp() -> None:
+    objects = render(EVERYTHING)
+    config_map = one(objects, "ConfigMap", f"{RELEASE}-epp")
+    assert "--config-file=/config/lora.yaml" in container(objects)["args"]
+    assert {"name": "config", "mountPath": "/config", "readOnly": True} in container(objects)["volumeMounts"]
+    profile = load_config(config_map["data"]["lora.yaml"]).profiles[0]
+    assert [e.plugin_ref for e in profile.plugins][:2] == ["lora-affinity-scorer", "queue-scorer"]
+    annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    changed = render(
+        _merge(EVERYTHING, {"inferenceExtension": {"pluginsCustomConfig": {"lora.yaml": PLUGINS + "# v2\n"}}})
+    )
+    assert (
+        one(changed, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        != annotations["checksum/config"]
+    )
+
+
+def test_monitoring_scrapes_the_epp_service_and_ships_the_dashboard() -> None:
+    objects = render(EVERYTHING)
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service", f"{RELEASE}-epp")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    dashboard = one(objects, "ConfigMap", f"{RELEASE}-epp-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "epp-dashboard.json").read_text())
+    assert json.loads(dashboard["data"]["lora-epp.json"]) == shipped
+
+
+def test_options_reach_the_pod() -> None:
+    objects = render(EVERYTHING)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    epp = container(objects)
+    settings = serve_settings(objects)
+    assert epp["image"] == "registry.example.com/lora/lora-epp:0.1.0" and epp["imagePullPolicy"] == "Always"
+    assert settings.secure_serving is False and settings.tracing is True
+    assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel-collector:4317"} in epp["env"]
+    assert {"name": "OTEL_SERVICE_NAME", "value": "lora-epp"} in epp["env"]
+    assert "--v=3" in epp["args"] and "--refresh-metrics-interval=50ms" in epp["args"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert 9100 in {p["port"] for p in one(objects, "Service", f"{RELEASE}-epp")["spec"]["ports"]}
+
+
+def test_role_grants_exactly_the_calls_the_code_makes() -> None:
+    role = one(render(POOL_LABELS), "Role")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == kube.API_CALLS | leader.API_CALLS
+
+
+def test_older_pool_api_points_the_epp_and_models_at_its_group() -> None:
+    objects = render(CASES["v1alpha2"])
+    assert serve_settings(objects).pool_group == "inference.networking.x-k8s.io"
+    pool = one(objects, "InferencePool")
+    assert pool["spec"]["extensionRef"] == {
+        "name": f"{RELEASE}-epp",
+        "portNumber": 9002,
+        "failureMode": "FailClose",
+    }
+    assert one(objects, "InferenceModel")["spec"]["poolRef"]["group"] == "inference.networking.x-k8s.io"
+
+
+@pytest.mark.parametrize("provider", ["istio", "kgateway", "envoy-gateway"])
+def test_provider_gateway_routes_to_the_pool(provider: str) -> None:
+    objects = render(_merge(POOL_LABELS, provider_values(provider)))
+    gateway = one(objects, "Gateway")
+    route = one(objects, "HTTPRoute")
+    assert gateway["spec"]["gatewayClassName"] == provider
+    assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
+    (backend,) = route["spec"]["rules"][0]["backendRefs"]
+    assert backend == {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": RELEASE}
+    rules = [o for o in objects if o["kind"] == "DestinationRule"]
+    assert [r["spec"]["host"] for r in rules] == ([f"{RELEASE}-epp"] if provider == "istio" else [])
+
+
+def test_kind_values_give_the_e2e_suite_what_it_relies_on() -> None:
+    objects = render(kind_values(**provider_values("kgateway")))
+    epp = container(objects)
+    assert one(objects, "Deployment")["spec"]["replicas"] == 2
+    assert "--ha-enable-leader-election" in epp["args"] and "--v=4" in epp["args"]
+    assert epp["image"] == "lora-epp:dev"
+    assert one(objects, "InferencePool")["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+    ports = {p["name"] for p in one(objects, "Service", f"{RELEASE}-epp")["spec"]["ports"]}
+    assert "grpc-health" in ports, "the plain Envoy gateway health-checks each EPP replica"
+    (sim,) = yaml.safe_load_all((ROOT / "manifests" / "sim" / "deployment.yaml").read_text())
+    sim_args = " ".join(sim["spec"]["template"]["spec"]["containers"][0]["args"])
+    models = {o["spec"]["modelName"] for o in objects if o["kind"] == "InferenceModel"}
+    for adapter in ("legal-lora-v1", "legal-lora-v2", "medical-lora", "sql-lora"):
+        assert adapter in sim_args and adapter in models, adapter
+
+
+# -- bad values --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "inferencePool.modelServers.matchLabels is required"),
+        (_merge(POOL_LABELS, {"provider": {"name": "nginx"}}), "/provider/name"),
+        (
+            _merge(POOL_LABELS, {"inferenceExtension": {"failureMode": "Open"}}),
+            "/inferenceExtension/failureMode",
+        ),
+        (_merge(POOL_LABELS, {"inferenceExtension": {"replicaz": 2}}), "replicaz"),
+        (
+            _merge(POOL_LABELS, {"inferenceExtension": {"activeActive": {"enabled": True}}}),
+            "needs inferenceExtension.replicas of 2",
+        ),
+        (
+            _merge(POOL_LABELS, {"inferenceExtension": {"flags": {"peers": "x:1"}}}),
+            "inferenceExtension.flags.peers is set by the chart",
+        ),
+        (
+            _merge(POOL_LABELS, {"inferenceExtension": {"pluginsConfigFile": "a.yaml"}}),
+            '"a.yaml" is not a key',
+        ),
+        (_merge(POOL_LABELS, {"httpRoute": {"enabled": True}}), "need provider.name"),
+        (_merge(POOL_LABELS, {"inferenceModels": [{"name": "m", "criticality": "High"}]}), "criticality"),
+    ],
+    ids=[
+        "no-pool-labels",
+        "unknown-provider",
+        "bad-failure-mode",
+        "typo",
+        "active-active-alone",
+        "chart-owned-flag",
+        "missing-plugin-file",
+        "route-without-provider",
+        "bad-criticality",
+    ],
+)
+def test_bad_values_fail_with_a_message_that_names_them(values: dict[str, Any], message: str) -> None:
+    assert message in render_error(values)
+
+
+# -- the same objects as the kustomize manifests ----------------------------------------------------------
+
+
+def _kustomize(*paths: str) -> list[dict[str, Any]]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed (bash .ci/k8s_tools.sh installs it)")
+    objects: list[dict[str, Any]] = []
+    for path in paths:
+        target = ROOT / path
+        if target.is_dir():
+            result = subprocess.run(
+                [KUBECTL, "kustomize", str(target)], capture_output=True, text=True, timeout=60
+            )
+            assert result.returncode == 0, result.stderr
+            text = result.stdout
+        else:
+            text = target.read_text()
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def _comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """obj without its namespace (a kustomize build leaves it to `kubectl apply -n`), its labels
+    and its pod template's labels pulled out into one set under "labels": the chart may add
+    labels of its own (Helm's bookkeeping), so the test compares those as a subset."""
+    normal = copy.deepcopy(dict(obj))
+    labels: set[tuple[str, str, str]] = set()
+    template = normal.get("spec", {}).get("template")
+    places = {
+        "object": normal["metadata"],
+        "template": template["metadata"] if isinstance(template, dict) else {},
+    }
+    for where, metadata in places.items():
+        metadata.pop("namespace", None)
+        labels |= {(where, key, value) for key, value in metadata.pop("labels", {}).items()}
+    normal["labels"] = labels
+    return normal
+
+
+def _by_name(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): _comparable(o) for o in objects}
+
+
+def _sample_models_as_values() -> dict[str, Any]:
+    models = [o for o in _kustomize("manifests/samples/inferencemodels.yaml")]
+    (objective,) = _kustomize("manifests/samples/inferenceobjective.yaml")
+    return {
+        "inferenceModels": [
+            {
+                "name": m["metadata"]["name"],
+                "modelName": m["spec"]["modelName"],
+                "criticality": m["spec"]["criticality"],
+            }
+            | ({"targetModels": m["spec"]["targetModels"]} if "targetModels" in m["spec"] else {})
+            for m in models
+        ],
+        "inferenceObjectives": [
+            {"name": objective["metadata"]["name"], "priority": objective["spec"]["priority"]}
+        ],
+    }
+
+
+DEV_IMAGE = {"inferenceExtension": {"image": {"tag": "dev"}}}
+POOL = "manifests/samples/inferencepool.yaml"
+KUSTOMIZE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "epp": (_merge(POOL_LABELS, DEV_IMAGE), ("manifests/epp", POOL)),
+    "epp-active-active": (
+        _merge(
+            POOL_LABELS,
+            _merge(DEV_IMAGE, {"inferenceExtension": {"replicas": 3, "activeActive": {"enabled": True}}}),
+        ),
+        ("manifests/epp-active-active", POOL),
+    ),
+    **{
+        f"gateway-{p}": (
+            _merge(_merge(POOL_LABELS, DEV_IMAGE), provider_values(p)),
+            ("manifests/epp", POOL, f"manifests/gateway/{p}"),
+        )
+        for p in ("istio", "kgateway", "envoy-gateway")
+    },
+}
+
+
+@pytest.mark.parametrize("case", KUSTOMIZE_CASES)
+def test_chart_renders_what_the_kustomize_manifests_hold(case: str) -> None:
+    values, paths = KUSTOMIZE_CASES[case]
+    chart = _by_name(render(values))
+    kustomize = _by_name(_kustomize(*paths))
+    assert sorted(chart) == sorted(kustomize)
+    for key, expected in kustomize.items():
+        rendered = chart[key]
+        assert expected.pop("labels") <= rendered.pop("labels"), f"{key[0]}/{key[1]} lost labels"
+        assert rendered == expected, f"{key[0]}/{key[1]} differs from its kustomize twin"
+
+
+def test_chart_renders_the_sample_models_as_the_manifests_hold_them() -> None:
+    values = _merge(POOL_LABELS, _sample_models_as_values())
+    chart = _by_name(o for o in render(values) if o["kind"] in ("InferenceModel", "InferenceObjective"))
+    samples = _by_name(
+        _kustomize("manifests/samples/inferencemodels.yaml", "manifests/samples/inferenceobjective.yaml")
+    )
+    assert sorted(chart) == sorted(samples)
+    for key, expected in samples.items():
+        rendered = chart[key]
+        assert expected.pop("labels") <= rendered.pop("labels")
+        assert rendered == expected, f"{key[0]}/{key[1]} differs from the sample"
