@@ -535,6 +535,7 @@ SHELL_SCRIPTS = sorted(
         *ROOT.glob("kind/*.sh"),
         *ROOT.glob("e2e/**/*.sh"),
         *ROOT.glob(".ci/*.sh"),
+        *ROOT.glob("benchmarks/**/*.sh"),
         *[p for p in [ROOT / ".ci" / "run"] if p.exists()],
     }
 )

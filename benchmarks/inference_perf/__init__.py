@@ -1,0 +1,1 @@
+"""inference-perf against the gateway: its install script, an example config and a loopback run."""
