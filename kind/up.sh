@@ -119,8 +119,8 @@ deploy_stack() {
     routes=false
   fi
   say "installing the pool, its EPP and its models with charts/inferencepool (provider.name=$provider)"
-  # --skip-crds: install_crds applied them already, server-side (they are too large for helm's
-  # client-side apply annotations on some clusters, and upgrades must update them in place).
+  # --skip-crds: install_crds applied them already, server-side, and keeps them up to date on a
+  # second run (Helm installs a chart's CRDs once and never upgrades them).
   helm upgrade -i vllm-llama3-8b charts/inferencepool -n "$NAMESPACE" --skip-crds \
     -f kind/values.yaml \
     --set provider.name="$provider" \
