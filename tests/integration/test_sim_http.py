@@ -227,6 +227,30 @@ async def test_the_responses_api_answers_a_plain_text_request(
     assert message["role"] == "assistant" and message["content"][0]["type"] == "output_text"
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "one two three four five", "max_tokens": 64}),
+        ("/v1/responses", {"input": "one two three four five", "max_output_tokens": 64}),
+    ],
+    ids=["completions", "responses"],
+)
+async def test_a_request_the_kv_cache_cannot_hold_is_refused_and_leaves_no_load(
+    http: aiohttp.ClientSession, path: str, body: dict[str, object]
+) -> None:
+    small = start_sim(
+        "127.0.0.3", "--served-model-name", "base", "--kv-cache-tokens", "32", "--block-size", "16"
+    )
+    try:
+        async with http.post(f"{small.url}{path}", json={"model": "base", **body}) as response:
+            assert response.status == 400
+            assert "exceeds the KV cache" in (await response.json())["error"]["message"]
+        async with http.get(f"{small.url}/load") as response:
+            assert await response.json() == {"server_load": 0}
+    finally:
+        assert stop_sim(small) == 0
+
+
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 async def test_streaming_is_well_formed_sse(sim: SimProcess, http: aiohttp.ClientSession, chat: bool) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"

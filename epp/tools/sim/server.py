@@ -241,17 +241,15 @@ class SimServer:
         adapter, response_model = self._resolve(gen.model)
         [prompt] = gen.prompts
         budget = self._output_budget(gen, True, len(prompt))
+        request_id: str | None = None
         self._in_flight += 1
-        request_id, queue = self.driver.submit(adapter, prompt, budget)
         try:
-            tokens: list[api.SampledToken] = []
-            finish: str | None = None
-            while finish is None:
-                finish = (await queue.get()).finish_reason
-                tokens.append(self._token(None))
+            request_id, queue = self._submit(adapter, prompt, budget)
+            tokens, finish = await self._drain(queue, None)
         finally:
             self._in_flight -= 1
-            self.driver.release(request_id)
+            if request_id is not None:
+                self.driver.release(request_id)
         return _json(
             api.responses_body(
                 response_id=f"resp_{secrets.token_hex(8)}",
@@ -325,10 +323,7 @@ class SimServer:
             # Each prompt `n` times: choice index = prompt index × n + sample, as vLLM numbers them.
             for prompt, budget in zip(gen.prompts, budgets, strict=True):
                 for _ in range(gen.n):
-                    try:
-                        submitted.append(self.driver.submit(adapter, prompt, budget))
-                    except ValueError as err:
-                        raise errors.bad_request(str(err), "max_tokens") from None
+                    submitted.append(self._submit(adapter, prompt, budget))
             reply = _Reply(
                 response_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(8)}",
                 created=int(self.wall_clock()),
@@ -345,17 +340,33 @@ class SimServer:
             for request_id, _ in submitted:
                 self.driver.release(request_id)
 
+    def _submit(
+        self, adapter: str | None, prompt: tuple[str, ...], budget: int
+    ) -> tuple[str, asyncio.Queue[TokenEvent]]:
+        """Hand one prompt to the engine; one it refuses (no room in the KV cache) is a 400."""
+        try:
+            return self.driver.submit(adapter, prompt, budget)
+        except ValueError as err:
+            raise errors.bad_request(str(err), "max_tokens") from None
+
+    async def _drain(
+        self, queue: asyncio.Queue[TokenEvent], top: int | None
+    ) -> tuple[list[api.SampledToken], str]:
+        """Every token of one sequence, until the engine says why it finished."""
+        tokens: list[api.SampledToken] = []
+        finish: str | None = None
+        while finish is None:
+            finish = (await queue.get()).finish_reason
+            tokens.append(self._token(top))
+        return tokens, finish
+
     async def _collect(
         self, queues: list[asyncio.Queue[TokenEvent]], chat: bool, reply: _Reply, top: int | None
     ) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         generated = 0
         for index, queue in enumerate(queues):
-            tokens: list[api.SampledToken] = []
-            finish: str | None = None
-            while finish is None:
-                finish = (await queue.get()).finish_reason
-                tokens.append(self._token(top))
+            tokens, finish = await self._drain(queue, top)
             generated += len(tokens)
             text = "".join(t.text for t in tokens)
             if chat:
