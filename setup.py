@@ -77,12 +77,21 @@ def generate_envoy_protos(protoc: object) -> None:
     if code != 0:
         raise RuntimeError("protoc failed on the vendored Envoy protos")
     pattern = re.compile(rf"^(from|import) ({'|'.join(VENDORED_ROOTS)})([. ])", flags=re.M)
+    for directory in vendored_packages():
+        (directory / "__init__.py").touch()
     for root in VENDORED_ROOTS:
-        for directory in [OUT_DIR / root, *(p for p in (OUT_DIR / root).rglob("*") if p.is_dir())]:
-            (directory / "__init__.py").touch()
         for module in (OUT_DIR / root).rglob("*.py"):
             text = module.read_text()
             module.write_text(pattern.sub(r"\1 epp._proto.\2\3", text))
+
+
+def vendored_packages() -> list[pathlib.Path]:
+    """Every directory the vendored Envoy protos were generated into: each a package."""
+    return [
+        directory
+        for root in VENDORED_ROOTS
+        for directory in [OUT_DIR / root, *(d for d in (OUT_DIR / root).rglob("*") if d.is_dir())]
+    ]
 
 
 class BuildPyWithProtos(build_py):
@@ -93,9 +102,7 @@ class BuildPyWithProtos(build_py):
         generate_protos()
         if self.packages is not None:
             generated = ["epp._proto"] + [
-                "epp._proto." + ".".join(p.relative_to(OUT_DIR).parts)
-                for root in VENDORED_ROOTS
-                for p in [OUT_DIR / root, *(d for d in (OUT_DIR / root).rglob("*") if d.is_dir())]
+                "epp._proto." + ".".join(d.relative_to(OUT_DIR).parts) for d in vendored_packages()
             ]
             self.packages.extend(name for name in generated if name not in self.packages)
 
