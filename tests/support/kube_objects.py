@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs installed
@@ -59,28 +59,37 @@ def get(obj: Mapping[str, Any], dotted: str) -> Any:
     return value
 
 
-@functools.cache
-def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) → openAPIV3Schema of every CRD in manifests/crds."""
+Schemas = Mapping[tuple[str, str], Mapping[str, Any]]
+
+
+def schemas_of(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) → openAPIV3Schema of every CustomResourceDefinition among objects."""
     schemas = {}
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        for crd in yaml.safe_load_all(path.read_text()):
-            if not crd or crd.get("kind") != "CustomResourceDefinition":
-                continue
-            for version in crd["spec"]["versions"]:
-                key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
-                schemas[key] = version["schema"]["openAPIV3Schema"]
+    for crd in objects:
+        if crd.get("kind") != "CustomResourceDefinition":
+            continue
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            schemas[key] = version["schema"]["openAPIV3Schema"]
     return schemas
 
 
-def is_ours(obj: Mapping[str, Any]) -> bool:
-    """A kind one of our CRDs defines."""
-    return (obj.get("apiVersion"), obj.get("kind")) in crd_schemas()
+@functools.cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """The schemas of our CRDs, the ones in manifests/crds."""
+    return schemas_of(
+        doc for path in sorted(CRD_DIR.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc
+    )
 
 
-def ours_errors(obj: Mapping[str, Any]) -> list[str]:
+def is_ours(obj: Mapping[str, Any], schemas: Schemas | None = None) -> bool:
+    """A kind one of our CRDs defines (those of manifests/crds unless `schemas` says otherwise)."""
+    return (obj.get("apiVersion"), obj.get("kind")) in (crd_schemas() if schemas is None else schemas)
+
+
+def ours_errors(obj: Mapping[str, Any], schemas: Schemas | None = None) -> list[str]:
     """Our CRD's schema errors for obj; an object that passes must also pass the EPP's parser."""
-    schema = crd_schemas()[(obj["apiVersion"], obj["kind"])]
+    schema = (crd_schemas() if schemas is None else schemas)[(obj["apiVersion"], obj["kind"])]
     errors = [str(e.message) for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
     if not errors and obj["kind"] in ("InferencePool", "InferenceModel", "InferenceObjective"):
         parsed = parse_object(dict(obj), default_namespace="default", strict=True)

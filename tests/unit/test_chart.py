@@ -439,8 +439,18 @@ def _by_name(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict
     return {(o["kind"], o["metadata"]["name"]): _comparable(o) for o in objects}
 
 
+def _assert_same_objects(chart: Iterable[Mapping[str, Any]], kustomize: Iterable[Mapping[str, Any]]) -> None:
+    """The same (kind, name)s, each field for field, the chart's labels a superset of the other's."""
+    rendered, expected = _by_name(chart), _by_name(kustomize)
+    assert sorted(rendered) == sorted(expected)
+    for key, twin in expected.items():
+        ours = rendered[key]
+        assert twin.pop("labels") <= ours.pop("labels"), f"{key[0]}/{key[1]} lost labels"
+        assert ours == twin, f"{key[0]}/{key[1]} differs from its kustomize twin"
+
+
 def _sample_models_as_values() -> dict[str, Any]:
-    models = [o for o in _kustomize("manifests/samples/inferencemodels.yaml")]
+    models = _kustomize("manifests/samples/inferencemodels.yaml")
     (objective,) = _kustomize("manifests/samples/inferenceobjective.yaml")
     return {
         "inferenceModels": [
@@ -482,23 +492,13 @@ KUSTOMIZE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 @pytest.mark.parametrize("case", KUSTOMIZE_CASES)
 def test_chart_renders_what_the_kustomize_manifests_hold(case: str) -> None:
     values, paths = KUSTOMIZE_CASES[case]
-    chart = _by_name(render(values))
-    kustomize = _by_name(_kustomize(*paths))
-    assert sorted(chart) == sorted(kustomize)
-    for key, expected in kustomize.items():
-        rendered = chart[key]
-        assert expected.pop("labels") <= rendered.pop("labels"), f"{key[0]}/{key[1]} lost labels"
-        assert rendered == expected, f"{key[0]}/{key[1]} differs from its kustomize twin"
+    _assert_same_objects(render(values), _kustomize(*paths))
 
 
 def test_chart_renders_the_sample_models_as_the_manifests_hold_them() -> None:
     values = _merge(POOL_LABELS, _sample_models_as_values())
-    chart = _by_name(o for o in render(values) if o["kind"] in ("InferenceModel", "InferenceObjective"))
-    samples = _by_name(
-        _kustomize("manifests/samples/inferencemodels.yaml", "manifests/samples/inferenceobjective.yaml")
+    chart = [o for o in render(values) if o["kind"] in ("InferenceModel", "InferenceObjective")]
+    samples = _kustomize(
+        "manifests/samples/inferencemodels.yaml", "manifests/samples/inferenceobjective.yaml"
     )
-    assert sorted(chart) == sorted(samples)
-    for key, expected in samples.items():
-        rendered = chart[key]
-        assert expected.pop("labels") <= rendered.pop("labels")
-        assert rendered == expected, f"{key[0]}/{key[1]} differs from the sample"
+    _assert_same_objects(chart, samples)

@@ -20,16 +20,23 @@ import zipfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import kubernetes_validate
 import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from epp.picker.sources.objects import parse_object
 from epp.tools.envoy.process import validate_config
-from tests.support.kube_objects import REQUIRED_FIELDS, THIRD_PARTY_GROUPS, kube_tool
+from tests.support.kube_objects import (
+    THIRD_PARTY_GROUPS,
+    get,
+    group,
+    is_ours,
+    kube_tool,
+    ours_errors,
+    schemas_of,
+    third_party_errors,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.30.0"
@@ -86,24 +93,7 @@ def _objects() -> Iterator[tuple[str, int, dict[str, Any]]]:
 OBJECTS = list(_objects())
 
 
-def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) → openAPIV3Schema of every CRD shipped under the YAML roots."""
-    schemas = {}
-    for _, _, crd in OBJECTS:
-        if crd.get("kind") != "CustomResourceDefinition":
-            continue
-        for version in crd["spec"]["versions"]:
-            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
-            schemas[key] = version["schema"]["openAPIV3Schema"]
-    return schemas
-
-
-CRD_SCHEMAS = _crd_schemas()
-
-
-def _group(obj: Mapping[str, Any]) -> str:
-    api_version = str(obj.get("apiVersion", ""))
-    return api_version.rpartition("/")[0] if "/" in api_version else ""
+CRD_SCHEMAS = schemas_of(obj for _, _, obj in OBJECTS)
 
 
 # -- Dockerfile ------------------------------------------------------------------------------------
@@ -317,13 +307,13 @@ def test_every_yaml_file_parses_and_is_known() -> None:
 
 
 def _is_ours(obj: Mapping[str, Any]) -> bool:
-    """A kind one of our CRDs (manifests/crds) defines."""
-    return (obj.get("apiVersion"), obj.get("kind")) in CRD_SCHEMAS
+    """A kind one of our CRDs (manifests/crds, manifests/controller) defines."""
+    return is_ours(obj, CRD_SCHEMAS)
 
 
-BUILT_IN = [(f, i, o) for f, i, o in OBJECTS if not _is_ours(o) and _group(o) not in THIRD_PARTY_GROUPS]
+BUILT_IN = [(f, i, o) for f, i, o in OBJECTS if not _is_ours(o) and group(o) not in THIRD_PARTY_GROUPS]
 OURS = [(f, i, o) for f, i, o in OBJECTS if _is_ours(o)]
-THIRD_PARTY = [(f, i, o) for f, i, o in OBJECTS if _group(o) in THIRD_PARTY_GROUPS]
+THIRD_PARTY = [(f, i, o) for f, i, o in OBJECTS if group(o) in THIRD_PARTY_GROUPS]
 
 
 @pytest.mark.parametrize(("path", "index", "obj"), BUILT_IN, ids=[f"{f}#{i}" for f, i, _ in BUILT_IN])
@@ -337,18 +327,7 @@ def test_built_in_object_validates_against_the_kubernetes_schema(
 def test_our_custom_resource_passes_its_crd_and_the_epp_parser(
     path: str, index: int, obj: dict[str, Any]
 ) -> None:
-    schema = CRD_SCHEMAS[(obj["apiVersion"], obj["kind"])]
-    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
-    assert errors == []
-    if obj["kind"] in ("InferencePool", "InferenceModel", "InferenceObjective"):
-        assert parse_object(obj, default_namespace="default", strict=True).name == obj["metadata"]["name"]
-
-
-def _get(obj: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = obj
-    for key in dotted.split("."):
-        value = value.get(key) if isinstance(value, Mapping) else None
-    return value
+    assert ours_errors(obj, CRD_SCHEMAS) == [], path
 
 
 def _names_of(kind: str) -> set[str]:
@@ -360,13 +339,7 @@ def test_third_party_object_has_the_fields_its_implementation_requires(
     path: str, index: int, obj: dict[str, Any]
 ) -> None:
     kind = obj["kind"]
-    assert kind in REQUIRED_FIELDS, f"{path}: no field table for {kind}; add one"
-    for field in REQUIRED_FIELDS[kind]:
-        assert _get(obj, field) not in (None, "", [], {}), f"{path}: {kind} needs {field}"
-    if kind == "Gateway":
-        for listener in obj["spec"]["listeners"]:
-            assert {"name", "port", "protocol"} <= set(listener), listener
-            assert 1 <= listener["port"] <= 65535
+    assert third_party_errors(obj) == [], path
     if kind == "HTTPRoute":
         for ref in obj["spec"]["parentRefs"]:
             assert ref["name"] in _names_of("Gateway"), f"{path}: parent {ref['name']} is no Gateway here"
@@ -404,7 +377,7 @@ def test_every_pool_names_an_epp_service_that_exists_on_its_port() -> None:
 
 def _pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
     for path, _, obj in BUILT_IN:
-        template = _get(obj, "spec.template.spec")
+        template = get(obj, "spec.template.spec")
         if isinstance(template, dict):
             yield f"{path}:{obj['metadata']['name']}", template
 
@@ -456,7 +429,7 @@ def test_kustomization_builds_with_kubectl(path: pathlib.Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     for doc in yaml.safe_load_all(result.stdout):
-        if doc and not _is_ours(doc) and _group(doc) not in THIRD_PARTY_GROUPS:
+        if doc and not _is_ours(doc) and group(doc) not in THIRD_PARTY_GROUPS:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
