@@ -42,7 +42,7 @@ BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ADAPTERS = ("legal-lora-v1", "legal-lora-v2", "medical-lora", "sql-lora")  # the example's split
 # Nothing may reach a model hub: the tokenizer is a local directory.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-ROUTING = {"epp": RoutingMode.EPP, "round-robin": RoutingMode.ROUND_ROBIN}
+ROUTING = [mode.value for mode in RoutingMode]  # epp, round-robin
 
 
 def stack_options(
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mode in modes:
             reports = work / f"reports-{mode}"
             with LocalStack(
-                stack_options(args.pods, ROUTING[mode], max_cpu_loras=args.max_cpu_loras)
+                stack_options(args.pods, RoutingMode(mode), max_cpu_loras=args.max_cpu_loras)
             ) as stack:
                 config = loopback_config(
                     stack.gateway_url, work / "tokenizer", reports, rate=args.rate, duration_s=args.duration
@@ -210,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failed = True
                 continue
             for name in ADAPTERS:
+                if not (reports / f"adapter_{name}_lifecycle_metrics.json").is_file():
+                    # inference-perf writes no file for an adapter the draw never named (a short run)
+                    print(f"{mode:<12} {name:<14} {0:>5}  (no requests drawn for it)")
+                    continue
                 figures = Figures.of(read_report(reports, f"adapter_{name}_lifecycle_metrics.json"))
                 print(_row(mode, name, figures, loads.get(name, 0.0)))
                 failed = failed or figures.failures > 0
