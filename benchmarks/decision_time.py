@@ -4,8 +4,10 @@ Run:  .venv/bin/python benchmarks/decision_time.py [--policy default] [--decisio
       [--endpoints 10,100,1000] [--adapters 10,100,1000] [--memory=false]
 
 For endpoints {10, 100, 1000} × adapters {10, 100, 1000}: warm the scheduler's state
-(residency, prefix index, in-flight) with routed requests, then time `schedule` alone
-and `schedule` + `on_routed` + `on_completed`. Prints median and p99 wall time and the
+(residency, prefix index, in-flight) with routed requests, then time the decision alone
+(with flow control, as the `default` policy runs it: the capacity gate's `placeable`, then
+`schedule`) and the decision + recording the pick + finishing an older request in the routing
+ledger. Prints median and p99 wall time and the
 median CPU time of `schedule` (thread time: less distorted on a busy machine), in µs.
 Then reports the memory the scheduler's state holds at 1000 endpoints × 1000 adapters
 after warm-up (tracemalloc). Times are wall-clock on whatever machine runs it.
@@ -19,8 +21,15 @@ import statistics
 import time
 import tracemalloc
 
+from epp.picker.admission import detector_config
 from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
+from epp.picker.flowcontrol import build_flow_control
+from epp.picker.flowcontrol.capacity import Gate
+from epp.picker.flowcontrol.config import flow_control_settings
 from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
+from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.framework import record_routed
+from epp.picker.scheduling.policies import policy_config_text
 from epp.picker.scheduling.types import LLMRequest, Scheduler
 
 BASE = "base-model"
@@ -61,8 +70,20 @@ def make_request(i: int, n_adapters: int, rng: random.Random) -> LLMRequest:
     return LLMRequest(request_id=f"r{i}", incoming_model=adapter, target_model=adapter, prompt=prompt)
 
 
+def flow_gate(policy: str, scheduler: Scheduler) -> Gate | None:
+    """The capacity gate `epp serve` puts before the scheduler for `policy` (None: no flow control)."""
+    text = policy_config_text(policy)
+    config = load_config(text) if text is not None else None
+    detector = detector_config(config)
+    flow = build_flow_control(
+        flow_control_settings(config, detector=detector), scheduler.state, detector.detector
+    )
+    return flow.gate if flow is not None else None
+
+
 def drive(
     scheduler: Scheduler,
+    gate: Gate | None,
     pool: tuple[EndpointState, ...],
     n: int,
     n_adapters: int,
@@ -79,14 +100,15 @@ def drive(
         request = make_request(i, n_adapters, rng)
         c0 = time.thread_time()
         t0 = time.perf_counter()
-        result = scheduler.schedule(request, pool, snapshot, now)
+        candidates = pool if gate is None else (gate.placeable(request, pool, now) or pool)
+        result = scheduler.schedule(request, candidates, snapshot, now)
         t1 = time.perf_counter()
         cpu_us.append((time.thread_time() - c0) * 1e6)
-        scheduler.on_routed(request, result, now)
+        record_routed(scheduler, request, result, now)
         in_flight.append((request, result.primary.name))
         if len(in_flight) > 4 * len(pool):  # keep a realistic number in flight
-            done, name = in_flight.pop(0)
-            scheduler.on_completed(done, name, now)
+            done, _ = in_flight.pop(0)
+            scheduler.state.ledger.finished(done.request_id, now)
         t2 = time.perf_counter()
         schedule_us.append((t1 - t0) * 1e6)
         full_us.append((t2 - t0) * 1e6)
@@ -139,8 +161,9 @@ def main() -> int:
             rng = random.Random(1)
             pool = make_pool(n_endpoints, n_adapters, rng, now)
             scheduler = build_scheduler(policy=args.policy, seed=1)
-            drive(scheduler, pool, args.warmup, n_adapters, rng, 0, now)
-            sched, full, cpu = drive(scheduler, pool, args.decisions, n_adapters, rng, args.warmup, now)
+            gate = flow_gate(args.policy, scheduler)
+            drive(scheduler, gate, pool, args.warmup, n_adapters, rng, 0, now)
+            sched, full, cpu = drive(scheduler, gate, pool, args.decisions, n_adapters, rng, args.warmup, now)
             print(
                 f"{n_endpoints:>9} {n_adapters:>8} {statistics.median(sched):>16.1f} {p99(sched):>8.1f}"
                 f" {statistics.median(full):>15.1f} {p99(full):>8.1f} {statistics.median(cpu):>20.1f}"
@@ -152,7 +175,7 @@ def main() -> int:
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     scheduler = build_scheduler(policy=args.policy, seed=1)
-    drive(scheduler, pool, 20_000, 1000, rng, 0, now)
+    drive(scheduler, flow_gate(args.policy, scheduler), pool, 20_000, 1000, rng, 0, now)
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     held = sum(stat.size_diff for stat in after.compare_to(before, "filename"))

@@ -2,8 +2,9 @@
 
 Run:  .venv/bin/python benchmarks/hot_path.py [--requests 3000] [--process-responses]
 
-Builds what `epp serve` builds (default scheduler and admission, metrics, decision log, the
-completions and access-log receiver, tracing off, logging at --v 1) over four endpoints with fresh
+Builds what `epp serve` builds (its director for the default policy, flow control included;
+metrics, decision log, the completions and access-log receiver, tracing off, logging at --v 1) over
+four endpoints with fresh
 metrics, then feeds `ExternalProcessor.Process` the messages Envoy sends for one FULL_DUPLEX_STREAMED
 request as `epp envoy-config` configures it by default (request headers and body, no response;
 parsed from bytes as grpc hands them over) and serializes every reply; each request's access-log
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 import uuid
@@ -34,10 +34,8 @@ from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode
 from epp._proto.envoy.service.accesslog.v3 import als_pb2
 from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import SystemClock
-from epp.picker.admission import build_admission
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics, PodInfo, Pool
-from epp.picker.director import Director
 from epp.picker.extproc.accesslog import AccessLogReceiver
 from epp.picker.extproc.completions import Completions
 from epp.picker.extproc.server import ExternalProcessor
@@ -47,7 +45,8 @@ from epp.picker.observability import tracing
 from epp.picker.observability.decisions import DecisionLog
 from epp.picker.observability.metrics import EppMetrics
 from epp.picker.observability.observer import Observer
-from epp.picker.scheduling.build import build_scheduler
+from epp.serve.app import build_director
+from epp.serve.config import ServeSettings
 
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 WARM_UP = 200
@@ -122,25 +121,16 @@ def completion_key(reply: pb.ProcessingResponse) -> str:
 
 
 def build_processor(datastore: Datastore, clock: SystemClock, completions: Completions) -> ExternalProcessor:
-    scheduler = build_scheduler(None, policy="default", staleness_threshold_s=2.0, seed=1)
-    admission = build_admission(None, staleness_threshold_s=2.0)
+    """The director `epp serve` builds for the default policy (flow control included)."""
     observer = Observer(
-        EppMetrics(CollectorRegistry()), DecisionLog(), clock, tracer=tracing.decision_tracer(None)
+        EppMetrics(CollectorRegistry(), pool="pool"),
+        DecisionLog(),
+        clock,
+        tracer=tracing.decision_tracer(None),
     )
-    director = Director(
-        datastore,
-        observer.observe_scheduler(scheduler),
-        admit=observer.observe_admit(admission.admit),
-        clock=clock,
-        rng=random.Random(1),
-    )
-    options = StreamOptions(
-        director,
-        on_finished=observer.on_finished,
-        clock=clock,
-        completions=completions,
-    )
-    return ExternalProcessor(options)
+    settings = ServeSettings(pool_name="pool", pool_namespace="default", seed=1)
+    director, _, _ = build_director(settings, datastore, clock, observer)
+    return ExternalProcessor(StreamOptions(director, clock, completions=completions))
 
 
 def refresh_metrics(datastore: Datastore, clock: SystemClock) -> None:

@@ -1,8 +1,15 @@
-"""One request, from headers and body to a routing decision.
+"""One request's way from arrival to an endpoint, and its finish.
 
-The director is synchronous and does no I/O: it resolves the model, builds the `LLMRequest`,
-narrows candidates by the subset hint, runs admission and the scheduler, and hands back the
-endpoints and the (possibly rewritten) body. Every failure is an `EppError` for `extproc`.
+The director is synchronous and does no I/O. `mint` gives a new request its life (its key);
+`arrive` reads its body, resolves the model, builds the `LLMRequest`, narrows the candidates by
+the subset hint and then either dispatches it at once (admission, then the scheduler) or, with
+flow control, files it in a queue that `pump` dispatches from as capacity frees. Every failure
+is an `EppError` for the caller to answer. Every ending goes through the life's one `finish`,
+which the director receives here: it releases the request's queue place or in-flight entry
+(through the routing ledger) and tells the observer.
+
+`epp serve` and `epp bench` drive the same director: a benchmark figure speaks for the code that
+routes traffic, queueing included.
 """
 
 from __future__ import annotations
@@ -12,14 +19,18 @@ import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from epp.clock import Clock
 from epp.errors import EppError, ErrorCode
 from epp.picker import wire
-from epp.picker.context import RequestContext
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Criticality, EndpointState, InferenceModel, Snapshot
+from epp.picker.flowcontrol import FlowControl
+from epp.picker.flowcontrol.controller import Placement, Rejection
+from epp.picker.flowcontrol.queues import QueueItem
+from epp.picker.lifecycle import KeyMint, RequestLife, RoutingDecision, Stage
+from epp.picker.scheduling.framework import record_routed
 from epp.picker.scheduling.types import LLMRequest, Scheduler, SchedulingResult
 
 log = logging.getLogger(__name__)
@@ -27,11 +38,87 @@ log = logging.getLogger(__name__)
 # admit(request, candidates, snapshot, now) raises EppError(RESOURCE_EXHAUSTED) to shed.
 AdmitFn = Callable[[LLMRequest, Sequence[EndpointState], Snapshot, float], None]
 
+DEFAULT_FAIRNESS_ID = "default-flow"  # a request that names no fairness ID, as upstream
+
 
 def admit_all(
     request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
 ) -> None:
     """Admission that never sheds (used when no admission policy is configured)."""
+
+
+class QueueOutcome:
+    """Why a request left a flow-control queue: upstream's outcome names, as the metrics label them."""
+
+    DISPATCHED = "Dispatched"
+    REJECTED_CAPACITY = "RejectedCapacity"
+    EVICTED_TTL = "EvictedTTL"
+    EVICTED_CANCELLED = "EvictedContextCancelled"
+    EVICTED_NO_ENDPOINTS = "EvictedNoEndpoints"
+    EVICTED_OTHER = "EvictedOther"
+
+
+class DecisionObserver(Protocol):
+    """What the director reports as it works (metrics, the decision log, traces): `epp serve`'s
+    `observability.Observer`; `NO_OBSERVER` for callers that watch nothing."""
+
+    def scheduled(
+        self,
+        life: RequestLife,
+        candidates: Sequence[EndpointState],
+        result: SchedulingResult,
+        duration_s: float,
+    ) -> None: ...
+
+    def refused(
+        self,
+        life: RequestLife,
+        candidates: Sequence[EndpointState],
+        error: EppError,
+        *,
+        outcome: str,
+        duration_s: float,
+    ) -> None: ...
+
+    def queued(self, life: RequestLife) -> None: ...
+
+    def left_queue(self, life: RequestLife, outcome: str) -> None: ...
+
+    def finished(self, life: RequestLife) -> None: ...
+
+
+class _NoObserver:
+    def scheduled(
+        self,
+        life: RequestLife,
+        candidates: Sequence[EndpointState],
+        result: SchedulingResult,
+        duration_s: float,
+    ) -> None:
+        pass
+
+    def refused(
+        self,
+        life: RequestLife,
+        candidates: Sequence[EndpointState],
+        error: EppError,
+        *,
+        outcome: str,
+        duration_s: float,
+    ) -> None:
+        pass
+
+    def queued(self, life: RequestLife) -> None:
+        pass
+
+    def left_queue(self, life: RequestLife, outcome: str) -> None:
+        pass
+
+    def finished(self, life: RequestLife) -> None:
+        pass
+
+
+NO_OBSERVER: DecisionObserver = _NoObserver()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +153,8 @@ def _has_port(item: str) -> bool:
     return item.count(":") == 1
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingDecision:
-    """Where a request goes and what body it carries there."""
-
-    endpoints: tuple[EndpointState, ...]  # primary first, then fallbacks
-    body: bytes  # the original bytes unless the model was rewritten
-    request: LLMRequest
-    result: SchedulingResult
-
-    @property
-    def destination(self) -> str:
-        """The `x-gateway-destination-endpoint` value: a comma list without spaces."""
-        return ",".join(state.address for state in self.endpoints)
-
-    @property
-    def primary(self) -> EndpointState:
-        return self.endpoints[0]
-
-
 class Director:
-    """Routes one request at a time against one datastore snapshot."""
+    """Admits, queues, dispatches and finishes requests against one datastore. Not thread-safe."""
 
     def __init__(
         self,
@@ -94,78 +162,290 @@ class Director:
         scheduler: Scheduler,
         *,
         admit: AdmitFn = admit_all,
+        flow: FlowControl | None = None,
         clock: Clock,
         rng: random.Random | None = None,
+        observer: DecisionObserver = NO_OBSERVER,
+        keys: KeyMint | None = None,
     ) -> None:
         self._datastore = datastore
         self._scheduler = scheduler
+        self._ledger = scheduler.state.ledger
         self._admit = admit
+        self._flow = flow
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
+        self._observer = observer
+        self._keys = keys if keys is not None else KeyMint()
+        self._pumping = False
+        self._pump_again = False
 
     @property
     def scheduler(self) -> Scheduler:
         return self._scheduler
 
-    def route(
+    @property
+    def flow(self) -> FlowControl | None:
+        return self._flow
+
+    @property
+    def key_prefix(self) -> str:
+        """What every key this director mints starts with (unique to this process)."""
+        return self._keys.prefix
+
+    # -- a request's life -------------------------------------------------------------------
+
+    def mint(self, request_id: str = "") -> RequestLife:
+        """A new request's life, arrived now."""
+        key = self._keys()
+        return RequestLife(key, request_id or key, self._clock.now(), self._finished)
+
+    def arrive(
         self,
+        life: RequestLife,
         *,
-        request_id: str,
         headers: Mapping[str, str],
         body: bytes | None,
         subset: Sequence[str] | None = None,
-        arrival_s: float | None = None,
-        context: RequestContext | None = None,
-    ) -> RoutingDecision:
-        """Pick endpoints for a request; `body=None` means a request without a body (e.g. GET).
+    ) -> bytes:
+        """Take the request in; returns the body to send on (rewritten when its model was).
 
-        `headers` are lower-cased. `subset` is the subset hint list, None when the data plane sent none.
-        `context` travels with the request to the observers (a fresh one when None).
+        Afterwards the life is DISPATCHED (its decision set) or QUEUED (its waiter is called when
+        it leaves the queue). `body=None` is a request without a body (e.g. GET); `headers` are
+        lower-cased; `subset` is the data plane's subset hint, None when it sent none. Raises
+        `EppError` for a request refused now; the caller answers it and finishes the life.
         """
         now = self._clock.now()
         snapshot = self._datastore.snapshot()
         payload = parse_body(body) if body is not None else None
         request, new_body = self._build_request(
-            request_id=request_id,
+            key=life.key,
             headers=headers,
             body=body,
             payload=payload,
             snapshot=snapshot,
-            arrival_s=now if arrival_s is None else arrival_s,
-            context=context if context is not None else RequestContext(),
+            arrival_s=life.arrived_at,
         )
+        life.request = request
+        life.models = (request.incoming_model, request.target_model)
+        life.outcome.request_body_bytes = len(body) if body is not None else 0
+        life.subset = tuple(subset) if subset is not None else None
         candidates = select_candidates(snapshot, subset)
-        self._admit(request, candidates, snapshot, now)
-        result = self._scheduler.schedule(request, candidates, snapshot, now)
-        if not result.endpoints:
-            raise EppError(ErrorCode.RESOURCE_EXHAUSTED, "failed to find a target endpoint", reason="no-pick")
-        self._scheduler.on_routed(request, result, now)
-        return RoutingDecision(endpoints=result.endpoints, body=new_body, request=request, result=result)
+        self._admit_or_refuse(life, candidates, snapshot, now)
+        flow = self._flow
+        if flow is None:
+            self._dispatch(life, candidates, snapshot, now)
+            return new_body
+        self._enqueue_or_dispatch(flow, life, headers, candidates, snapshot, now)
+        return new_body
 
-    def complete(self, decision: RoutingDecision, *, served_address: str | None, status: int) -> None:
-        """The response ended: tell the scheduler which endpoint served it and whether it went well."""
-        endpoint_name = decision.primary.name
-        if served_address:
-            for state in decision.endpoints:
-                if state.address == served_address:
-                    endpoint_name = state.name
+    def pump(self) -> None:
+        """Answer queued requests whose TTL ran out and dispatch what capacity allows now.
+
+        Called whenever capacity may have freed: a request finished (the director does it), a
+        scrape or a peer's batch arrived, or a timer. Waiters are told after the pass.
+        """
+        flow = self._flow
+        if flow is None or not flow.queues:
+            return
+        if self._pumping:  # a waiter finished a request during the pass: run once more after it
+            self._pump_again = True
+            return
+        self._pumping = True
+        # A completion that never came must not hold a slot the queue waits for.
+        self._ledger.inflight.expire(self._clock.now())
+        try:
+            while True:
+                self._pump_again = False
+                self._pump_once(flow)
+                if not self._pump_again or not flow.queues:
                     break
-            else:
-                found = _endpoint_by_address(self._datastore.snapshot(), served_address)
-                if found is not None:
-                    endpoint_name = found.name
-        self._scheduler.on_completed(decision.request, endpoint_name, self._clock.now())
+        finally:
+            self._pumping = False
+
+    def drain_queues(self, error: EppError) -> None:
+        """Answer every queued request with `error` (shutting down)."""
+        flow = self._flow
+        if flow is None:
+            return
+        for item in flow.queues.drain():
+            self._leave_queue(item.payload, error, QueueOutcome.EVICTED_OTHER)
+
+    def _finished(self, life: RequestLife) -> None:
+        """The finisher every life calls once: release what it holds, report it, let the queue move."""
+        now = life.finished_at if life.finished_at is not None else self._clock.now()
+        flow = self._flow
+        if life.stage is Stage.QUEUED and flow is not None and flow.queues.remove(life) is not None:
+            self._observer.left_queue(life, QueueOutcome.EVICTED_CANCELLED)
+        released = life.stage is Stage.DISPATCHED and self._ledger.finished(life.key, now) is not None
+        if life.decision is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request finished",
+                extra={
+                    "request_id": life.request_id,
+                    "status": life.outcome.status,
+                    "served": life.outcome.served_address,
+                    "finished_by": life.ending.value if life.ending is not None else "",
+                },
+            )
+        self._observer.finished(life)
+        if released and flow is not None:
+            self.pump()
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _admit_or_refuse(
+        self, life: RequestLife, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
+    ) -> None:
+        request = life.request
+        assert request is not None
+        try:
+            self._admit(request, candidates, snapshot, now)
+        except EppError as err:
+            self._observer.refused(life, candidates, err, outcome="shed", duration_s=0.0)
+            raise
+
+    def _dispatch(
+        self, life: RequestLife, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
+    ) -> None:
+        """Schedule over `candidates` and count the request in flight on its primary endpoint."""
+        request = life.request
+        assert request is not None
+        clock = self._clock
+        started = clock.now()
+        try:
+            result = self._scheduler.schedule(request, candidates, snapshot, now)
+            if not result.endpoints:
+                raise EppError(
+                    ErrorCode.RESOURCE_EXHAUSTED, "failed to find a target endpoint", reason="no-pick"
+                )
+        except EppError as err:
+            self._observer.refused(
+                life, candidates, err, outcome="no-endpoint", duration_s=clock.now() - started
+            )
+            raise
+        record_routed(self._scheduler, request, result, now)
+        life.decision = RoutingDecision(endpoints=result.endpoints, request=request, result=result)
+        life.stage = Stage.DISPATCHED
+        life.dispatched_at = now
+        self._observer.scheduled(life, candidates, result, clock.now() - started)
+
+    def _enqueue_or_dispatch(
+        self,
+        flow: FlowControl,
+        life: RequestLife,
+        headers: Mapping[str, str],
+        candidates: Sequence[EndpointState],
+        snapshot: Snapshot,
+        now: float,
+    ) -> None:
+        """Dispatch now when the request's lane is empty and some candidate can start it; else queue it."""
+        request = life.request
+        assert request is not None
+        queues = flow.queues
+        lane = _lane(request, life.subset)
+        fairness_id = life.fairness_id = fairness_id_of(headers)
+        priority = life.priority = band_priority(request)
+        if not queues.waiting_in(priority, fairness_id, lane):
+            placeable = flow.gate.placeable(request, candidates, now)
+            if placeable:
+                self._dispatch(life, placeable, snapshot, now)
+                return
+        filed = queues.enqueue(
+            life,
+            fairness_id=fairness_id,
+            priority=priority,
+            lane=lane,
+            size=life.outcome.request_body_bytes,
+            now=now,
+            ttl_s=queues.settings.request_ttl_s,
+        )
+        if isinstance(filed, Rejection):
+            error = EppError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                "request rejected pre-queue: queue at capacity",
+                reason="queue-full" if filed is Rejection.BAND_FULL else "pool-queue-full",
+            )
+            self._observer.refused(life, candidates, error, outcome="queue-full", duration_s=0.0)
+            self._observer.left_queue(life, QueueOutcome.REJECTED_CAPACITY)
+            raise error
+        life.stage = Stage.QUEUED
+        life.queued_at = now
+        self._observer.queued(life)
+        flow.gate.blocked(request, candidates, since=now, now=now)
+
+    def _pump_once(self, flow: FlowControl) -> None:
+        now = self._clock.now()
+        queues = flow.queues
+        for item in queues.expire(now):
+            error = EppError(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "request timed out in queue: request TTL expired",
+                reason="queue-ttl",
+            )
+            self._leave_queue(item.payload, error, QueueOutcome.EVICTED_TTL)
+        if not queues:
+            return
+        snapshot = self._datastore.snapshot()
+
+        def place(item: QueueItem[RequestLife]) -> Placement:
+            return self._place(flow, item.payload, snapshot, now)
+
+        result = queues.dispatch(now, place)
+        for item in result.placed:
+            self._observer.left_queue(item.payload, QueueOutcome.DISPATCHED)
+            _tell(item.payload)
+        for item in result.refused:
+            _tell(item.payload)
+        for head in result.blocked:
+            life = head.payload
+            request = life.request
+            assert request is not None
+            try:
+                candidates = select_candidates(snapshot, life.subset)
+            except EppError:
+                continue
+            flow.gate.blocked(request, candidates, since=head.enqueued_at, now=now)
+
+    def _place(self, flow: FlowControl, life: RequestLife, snapshot: Snapshot, now: float) -> Placement:
+        request = life.request
+        assert request is not None
+        try:
+            candidates = select_candidates(snapshot, life.subset)
+        except EppError as err:
+            life.refuse(err)
+            outcome = QueueOutcome.EVICTED_NO_ENDPOINTS
+            self._observer.refused(life, (), err, outcome="queue-" + outcome, duration_s=0.0)
+            self._observer.left_queue(life, outcome)
+            return Placement.REFUSED
+        placeable = flow.gate.placeable(request, candidates, now)
+        if not placeable:
+            return Placement.BLOCKED
+        try:
+            self._dispatch(life, placeable, snapshot, now)
+        except EppError as err:
+            life.refuse(err)
+            self._observer.left_queue(life, QueueOutcome.EVICTED_OTHER)
+            return Placement.REFUSED
+        return Placement.PLACED
+
+    def _leave_queue(self, life: RequestLife, error: EppError, outcome: str) -> None:
+        life.refuse(error)
+        self._observer.refused(life, (), error, outcome="queue-" + outcome, duration_s=0.0)
+        self._observer.left_queue(life, outcome)
+        _tell(life)
+
+    # -- the request ------------------------------------------------------------------------
 
     def _build_request(
         self,
         *,
-        request_id: str,
+        key: str,
         headers: Mapping[str, str],
         body: bytes | None,
         payload: dict[str, Any] | None,
         snapshot: Snapshot,
         arrival_s: float,
-        context: RequestContext,
     ) -> tuple[LLMRequest, bytes]:
         objective = headers.get(wire.OBJECTIVE_HEADER) or None
         priority = 0
@@ -173,14 +453,13 @@ class Director:
             priority = snapshot.objectives[objective].priority
         if payload is None:
             request = LLMRequest(
-                request_id=request_id,
+                request_id=key,
                 incoming_model="",
                 target_model="",
                 priority=priority,
                 objective=objective,
                 headers=headers,
                 arrival_s=arrival_s,
-                context=context,
             )
             return request, b""
         assert body is not None
@@ -211,7 +490,7 @@ class Director:
             payload["model"] = target
             new_body = replace_top_level_string(body, "model", target)
         request = LLMRequest(
-            request_id=request_id,
+            request_id=key,
             incoming_model=incoming,
             target_model=target,
             criticality=criticality,
@@ -221,7 +500,6 @@ class Director:
             headers=headers,
             body_size=len(new_body),
             arrival_s=arrival_s,
-            context=context,
         )
         return request, new_body
 
@@ -237,6 +515,39 @@ class Director:
         if sum(numeric) <= 0:
             return self._rng.choice(targets).name
         return self._rng.choices(targets, weights=numeric, k=1)[0].name
+
+
+def _tell(life: RequestLife) -> None:
+    waiter = life.waiter
+    if waiter is not None:
+        life.waiter = None
+        waiter(life)
+
+
+def _lane(request: LLMRequest, subset: tuple[str, ...] | None) -> tuple[str, tuple[str, ...] | None]:
+    """Requests interchangeable for placement: the same target model and the same subset hint."""
+    return (request.target_model, subset)
+
+
+def fairness_id_of(headers: Mapping[str, str]) -> str:
+    """The request's flow within its band: the fairness-ID header (either name), else the default flow."""
+    return (
+        headers.get(wire.FAIRNESS_ID_HEADER)
+        or headers.get(wire.FAIRNESS_ID_HEADER_LLMD)
+        or DEFAULT_FAIRNESS_ID
+    )
+
+
+def band_priority(request: LLMRequest) -> int:
+    """The request's priority band: its InferenceObjective's priority; without an objective, its
+    InferenceModel criticality (Critical 1, Standard 0, Sheddable -1) so Critical goes first."""
+    if request.objective is not None:
+        return request.priority
+    if request.criticality is Criticality.CRITICAL:
+        return 1
+    if request.criticality is Criticality.SHEDDABLE:
+        return -1
+    return 0
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -333,10 +644,3 @@ def select_candidates(snapshot: Snapshot, subset: Sequence[str] | None) -> tuple
             reason="no-endpoints",
         )
     return candidates
-
-
-def _endpoint_by_address(snapshot: Snapshot, address: str) -> EndpointState | None:
-    for state in snapshot.endpoints:
-        if state.address == address:
-            return state
-    return None

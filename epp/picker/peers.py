@@ -1,4 +1,4 @@
-"""Peer exchange between active-active replicas: the gRPC side of `scheduling.shared`.
+"""Peer exchange between active-active replicas: the gRPC side of `scheduling.shared` (the replicated ledger).
 
 `epp serve --peers NAME:PORT` (the EPP's headless Service, or a comma list of host:port)
 serves `lora_epp.peers.v1.PeerExchange` on `--peer-port` and, every `--peer-interval`
@@ -20,7 +20,7 @@ import asyncio
 import logging
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from aiohttp import web
@@ -30,7 +30,7 @@ from epp._proto import peers_pb2_grpc as pb_grpc
 from epp.clock import Clock
 from epp.errors import ConfigError
 from epp.picker.listen import bind, grpc_address
-from epp.picker.scheduling.shared import PeerBatch, PeerRouted, SharedScheduler
+from epp.picker.scheduling.shared import PeerBatch, PeerReplicator, PeerRouted
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +84,26 @@ def from_proto(message: pb.Batch) -> PeerBatch:
 
 
 class PeerService(pb_grpc.PeerExchangeServicer):  # type: ignore[misc]
-    """Receives the peers' batches and folds them into this replica's scheduler."""
+    """Receives the peers' batches and records them in this replica's ledger.
 
-    def __init__(self, shared: SharedScheduler, *, own_id: str, pool: str, clock: Clock) -> None:
+    `on_applied` runs after each batch: what peers finished may have freed capacity that
+    flow control can hand on.
+    """
+
+    def __init__(
+        self,
+        shared: PeerReplicator,
+        *,
+        own_id: str,
+        pool: str,
+        clock: Clock,
+        on_applied: Callable[[], None] | None = None,
+    ) -> None:
         self._shared = shared
         self._own_id = own_id
         self._pool = pool
         self._clock = clock
+        self._on_applied = on_applied
         self.batches = 0
 
     async def Exchange(self, request: pb.Batch, context: grpc.aio.ServicerContext) -> pb.BatchReply:
@@ -101,6 +114,8 @@ class PeerService(pb_grpc.PeerExchangeServicer):  # type: ignore[misc]
         if request.sender != self._own_id:  # our own batch, sent to our own address: nothing to learn
             self._shared.apply(from_proto(request), self._clock.now())
             self.batches += 1
+            if self._on_applied is not None:
+                self._on_applied()
         return pb.BatchReply(receiver=self._own_id)
 
 
@@ -116,7 +131,7 @@ class PeerSender:
 
     def __init__(
         self,
-        shared: SharedScheduler,
+        shared: PeerReplicator,
         targets: Sequence[tuple[str, int]],
         *,
         own_id: str,
@@ -211,7 +226,7 @@ class PeerSender:
 
 
 def peers_route(
-    shared: SharedScheduler, service: PeerService, sender: PeerSender, clock: Clock, *, own_id: str
+    shared: PeerReplicator, service: PeerService, sender: PeerSender, clock: Clock, *, own_id: str
 ) -> web.RouteDef:
     """`GET /debug/peers`: this replica's id, the peers it sends to, and what each peer has in flight."""
 

@@ -14,6 +14,7 @@ REQUEST_ID_HEADER = "x-request-id"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 MODEL_NAME_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
+FAIRNESS_ID_HEADER_LLMD = "x-llm-d-inference-fairness-id"  # llm-d's newer name for the same
 
 # Control headers a client may send but must never reach the model server as-is: the destination
 # header (a client must never choose the address Envoy dials) and the served/subset keys. The EPP

@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from epp.clock import Clock, SystemClock
-from epp.errors import ConfigError
+from epp.errors import ConfigError, EppError, ErrorCode
 from epp.operator.adapters.catalog import FileCatalog
 from epp.operator.adapters.hold import hold_for_adapter
 from epp.operator.adapters.loader import AdapterLoader
@@ -37,23 +37,25 @@ from epp.operator.adapters.preload import Preloader
 from epp.operator.adapters.push import AdapterStatePush
 from epp.operator.adapters.unload import ColdAdapterUnloader
 from epp.picker.datastore.store import Datastore
-from epp.picker.director import Director
+from epp.picker.director import Director, admit_all
 from epp.picker.extproc.accesslog import AccessLogReceiver
 from epp.picker.extproc.completions import Completions
 from epp.picker.extproc.server import ExternalProcessor, build_ext_proc_server, server_credentials
 from epp.picker.extproc.stream import StreamOptions, StreamSettings
+from epp.picker.flowcontrol.settings import PUMP_INTERVAL_S
 from epp.picker.listen import ListenError
 from epp.picker.logs import configure_logging
 from epp.picker.observability import tracing
 from epp.picker.observability.auth import bearer_auth_middleware, read_token_file
 from epp.picker.observability.decisions import DecisionLog, decisions_route
+from epp.picker.observability.flow import flow_control_route
 from epp.picker.observability.health import Health, build_health_server
 from epp.picker.observability.http import build_app, start_http
 from epp.picker.observability.metrics import EppMetrics, PoolCollector
 from epp.picker.observability.observer import Observer
 from epp.picker.peers import PeerSender, PeerService, build_peer_server, parse_peers, peers_route, process_id
 from epp.picker.scheduling.framework import ProfileScheduler
-from epp.picker.scheduling.shared import SharedScheduler
+from epp.picker.scheduling.shared import PeerReplicator
 from epp.picker.scheduling.state import SchedulerState
 from epp.serve import config
 from epp.serve.config import ServeSettings
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READINESS_POLL_S = 0.5
+PENDING_MARGIN_S = 30.0  # beyond a queue's TTL, what an adapter load may still take
+UNBOUNDED_PENDING_S = 120.0  # no TTL: the longest our shipped Envoy configs let a message wait
 
 
 class _Runnable(Protocol):
@@ -152,7 +156,7 @@ async def _serve(
         if on_started is not None:
             on_started(servers.ports)
         await _run_tasks(
-            servers.lifecycle(stop, settings.drain_period_s),
+            servers.lifecycle(stop, settings.drain_period_s, parts.director),
             parts.datastore,
             parts.synced,
             parts.elector,
@@ -181,7 +185,7 @@ def _build_telemetry(settings: ServeSettings, datastore: Datastore, clock: Clock
     registry.register(PoolCollector(datastore, clock))
     provider = tracing.build_tracer_provider() if settings.tracing else None
     observer = Observer(
-        EppMetrics(registry),
+        EppMetrics(registry, pool=settings.pool_name),
         DecisionLog(settings.decision_log_size),
         clock,
         tracer=tracing.decision_tracer(provider),
@@ -215,14 +219,14 @@ class _Parts:
 def _build_parts(settings: ServeSettings, clock: Clock) -> _Parts:
     datastore = Datastore(clock)
     telemetry = _build_telemetry(settings, datastore, clock)
-    director, scheduler_state, shared = _build_director(settings, datastore, clock, telemetry.observer)
+    director, scheduler_state, shared = build_director(settings, datastore, clock, telemetry.observer)
     source, synced = _build_source(settings, datastore, clock)
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
     adapters = _build_adapters(settings, datastore, clock, scheduler_state)
     if adapters.parts is not None:
         telemetry.registry.register(AdapterCollector(adapters.parts))
-    peers = _build_peers(settings, shared, clock) if shared is not None else None
+    peers = _build_peers(settings, shared, clock, director) if shared is not None else None
     return _Parts(datastore, telemetry, director, source, synced, refresher, elector, adapters, peers)
 
 
@@ -235,10 +239,10 @@ class _Peers:
     route: web.RouteDef
 
 
-def _build_peers(settings: ServeSettings, shared: SharedScheduler, clock: Clock) -> _Peers:
-    own_id = process_id()
+def _build_peers(settings: ServeSettings, shared: PeerReplicator, clock: Clock, director: Director) -> _Peers:
+    own_id = shared.own_id
     pool = f"{settings.pool_namespace}/{settings.pool_name}"
-    service = PeerService(shared, own_id=own_id, pool=pool, clock=clock)
+    service = PeerService(shared, own_id=own_id, pool=pool, clock=clock, on_applied=director.pump)
     sender = PeerSender(
         shared,
         parse_peers(settings.peers),
@@ -274,8 +278,8 @@ class _Servers:
                 await server.start()
                 self._started.append(server)
 
-    def lifecycle(self, stop: asyncio.Event, drain_period_s: float) -> _Lifecycle:
-        return _Lifecycle(stop, self.health, drain_period_s, self.access_log, self.completions)
+    def lifecycle(self, stop: asyncio.Event, drain_period_s: float, director: Director) -> _Lifecycle:
+        return _Lifecycle(stop, self.health, drain_period_s, self.access_log, self.completions, director)
 
     async def stop(self, grace_s: float) -> None:
         """NOT_SERVING first; ext_proc gets `grace_s` for open streams to finish."""
@@ -314,7 +318,7 @@ async def _open_servers(
         peer_server, peer_port = build_peer_server(
             parts.peers.service, host=settings.host, port=settings.peer_port
         )
-    http_app = _build_http_app(parts, health, metrics_token)
+    http_app = _build_http_app(parts, health, metrics_token, clock)
     runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
     ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port, peer=peer_port)
     return _Servers(health, completions, access_log, ext_server, health_server, runner, ports, peer_server)
@@ -326,30 +330,36 @@ def _build_processor(
     """The ext_proc handler: routes through the director; with a loader, holds a request for an
     adapter that is not loaded anywhere yet."""
     loader = parts.adapters.loader
-    director = parts.director
+    flow = parts.director.flow
+    ttl_s = flow.queues.settings.request_ttl_s if flow is not None else 0.0
     return ExternalProcessor(
         StreamOptions(
-            director,
+            parts.director,
+            clock,
             StreamSettings(
                 default_body_mode=settings.body_mode,
                 max_request_body_bytes=settings.max_request_body_bytes,
                 max_header_bytes=settings.max_header_bytes,
+                # BUFFERED: a queued request's reply may take its whole TTL; ask Envoy for that
+                # and a margin (up to its max_message_timeout, 120 s in the configs we ship).
+                pending_timeout_s=ttl_s + PENDING_MARGIN_S if ttl_s > 0 else UNBOUNDED_PENDING_S,
             ),
-            on_finished=parts.telemetry.observer.on_finished,
-            clock=clock,
-            hold=functools.partial(hold_for_adapter, loader, director) if loader is not None else None,
+            hold=functools.partial(hold_for_adapter, loader) if loader is not None else None,
             completions=completions,
         )
     )
 
 
-def _build_http_app(parts: _Parts, health: Health, metrics_token: str | None) -> web.Application:
+def _build_http_app(
+    parts: _Parts, health: Health, metrics_token: str | None, clock: Clock
+) -> web.Application:
     """Metrics, readiness and the debug routes; behind a bearer token when one is configured."""
     http_app = build_app(
         parts.telemetry.registry,
         ready=lambda: health.ready,
         extra_routes=(
             decisions_route(parts.telemetry.observer.decisions),
+            flow_control_route(parts.director, parts.datastore, clock),
             *parts.adapters.routes,
             *((parts.peers.route,) if parts.peers is not None else ()),
         ),
@@ -389,9 +399,15 @@ class _Lifecycle:
     drain_period_s: float
     access_log: AccessLogReceiver
     completions: Completions
+    director: Director
 
 
 COMPLETION_SWEEP_S = 1.0
+SHUTDOWN_ERROR = EppError(
+    ErrorCode.SERVICE_UNAVAILABLE,
+    "request evicted from queue: the endpoint picker is shutting down",
+    reason="shutdown",
+)
 
 
 async def _run_tasks(
@@ -418,12 +434,21 @@ async def _run_tasks(
             await asyncio.wait([campaign])
         log.info("draining", extra={"drain_period_s": lifecycle.drain_period_s})
         await asyncio.sleep(lifecycle.drain_period_s)
+        # Queued requests went on dispatching through the drain period; what is left gets a clear
+        # 503 now (its client retries elsewhere) rather than waiting on an EPP that is leaving.
+        lifecycle.director.drain_queues(SHUTDOWN_ERROR)
         raise _Stop
 
     async def sweep_completions() -> None:
         while True:
             await asyncio.sleep(COMPLETION_SWEEP_S)
             lifecycle.completions.expire()
+
+    async def pump_queues() -> None:
+        director = lifecycle.director
+        while True:
+            await asyncio.sleep(PUMP_INTERVAL_S)
+            director.pump()
 
     async def watch_readiness() -> None:
         changed = asyncio.Event()
@@ -437,6 +462,8 @@ async def _run_tasks(
             changed.clear()
 
     coroutines: list[Coroutine[Any, Any, None]] = [wait_for_stop(), watch_readiness(), sweep_completions()]
+    if lifecycle.director.flow is not None:
+        coroutines.append(pump_queues())
     coroutines.extend(r.run() for r in runnables if r is not None)
     try:
         async with asyncio.TaskGroup() as group:
@@ -496,45 +523,59 @@ def _build_adapters(
     return _Adapters(loader, parts, runnables, (adapters_route(parts),))
 
 
-def _build_director(
+def build_director(
     settings: ServeSettings, datastore: Datastore, clock: Clock, observer: Observer
-) -> tuple[Director, SchedulerState | None, SharedScheduler | None]:
-    """The director over the configured scheduler; with `--peers`, that scheduler shares its routing."""
-    from epp.picker.admission import build_admission
+) -> tuple[Director, SchedulerState, PeerReplicator | None]:
+    """The director over the configured scheduler, with flow control when the config turns it on;
+    with `--peers`, the scheduler's ledger is replicated to the other replicas.
+
+    Public so the hot-path benchmark measures exactly what `epp serve` runs."""
+    from epp.picker.admission import Admission, detector_config
+    from epp.picker.flowcontrol import build_flow_control
+    from epp.picker.flowcontrol.config import flow_control_settings
     from epp.picker.scheduling.build import build_scheduler
     from epp.picker.scheduling.config import load_config
+    from epp.picker.scheduling.policies import policy_config_text
 
-    if settings.picker_config_text is not None:
-        ignored = load_config(settings.picker_config_text).ignored
-        if ignored:
-            log.warning(
-                "EndpointPickerConfig sections accepted and not applied", extra={"sections": list(ignored)}
-            )
+    config_text = settings.picker_config_text
+    if config_text is None:
+        config_text = policy_config_text(settings.policy or "default")
+    config = load_config(config_text) if config_text is not None else None
+    if settings.picker_config_text is not None and config is not None and config.ignored:
+        log.warning(
+            "EndpointPickerConfig sections accepted and not applied", extra={"sections": list(config.ignored)}
+        )
     scheduler = build_scheduler(
         settings.picker_config_text,
         policy=settings.policy,
         staleness_threshold_s=settings.metrics_staleness_threshold_s,
         seed=settings.seed,
     )
-    admission = build_admission(
-        settings.picker_config_text, staleness_threshold_s=settings.metrics_staleness_threshold_s
+    detector = detector_config(config, staleness_threshold_s=settings.metrics_staleness_threshold_s)
+    admission = Admission(detector=detector.detector, shed_standard=detector.shed_standard)
+    flow = build_flow_control(
+        flow_control_settings(config, detector=detector), scheduler.state, detector.detector
     )
     shared = None
     if settings.peers:
         if not isinstance(scheduler, ProfileScheduler):
             raise ConfigError(f"--peers needs a policy with scheduler state; {scheduler.name!r} keeps none")
-        scheduler = shared = SharedScheduler(
-            scheduler, peer_timeout_s=max(1.0, 50 * settings.peer_interval_s)
+        shared = PeerReplicator(
+            scheduler.state.ledger,
+            own_id=process_id(),
+            peer_timeout_s=max(1.0, 50 * settings.peer_interval_s),
         )
     director = Director(
         datastore,
-        observer.observe_scheduler(scheduler),
-        admit=observer.observe_admit(admission.admit),
+        scheduler,
+        # With flow control, requests queue instead of being shed up front (as upstream's newer EPP).
+        admit=admit_all if flow is not None else admission.admit,
+        flow=flow,
         clock=clock,
         rng=random.Random(settings.seed),
+        observer=observer,
     )
-    state = getattr(scheduler, "state", None)  # in-flight and residency, for the adapter unloader
-    return director, state if isinstance(state, SchedulerState) else None, shared
+    return director, scheduler.state, shared
 
 
 def _build_source(
@@ -595,4 +636,4 @@ def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | Non
     )
 
 
-__all__ = ["BoundPorts", "configure_parser", "run", "serve"]
+__all__ = ["BoundPorts", "build_director", "configure_parser", "run", "serve"]

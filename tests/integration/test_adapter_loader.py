@@ -8,6 +8,7 @@ clear 503 and leaves the pod, other adapters and later requests working.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pathlib
 import random
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from epp._proto.envoy.config.core.v3 import base_pb2
+from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock, SystemClock
 from epp.errors import EppError
 from epp.operator.adapters.catalog import Catalog
@@ -29,7 +33,8 @@ from epp.operator.adapters.loader import REASON_FAILED, REASON_TIMEOUT, AdapterL
 from epp.operator.adapters.preload import Preloader
 from epp.picker.datastore.types import InferenceModel, Metrics
 from epp.picker.director import Director
-from epp.picker.extproc.stream import StreamHandler, StreamOptions
+from epp.picker.extproc.stream import Pending, StreamHandler, StreamOptions
+from epp.picker.lifecycle import Ending
 from epp.tools.localstack import free_port, pick_pod_addresses
 from tests.support.waiting import eventually
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
@@ -291,68 +296,107 @@ async def test_unload_removes_the_adapter(pods: dict[str, SimPodClient]) -> None
         await loader.close()
 
 
+def _held_stream(
+    loader: AdapterLoader, director: Director
+) -> tuple[StreamHandler, list[pb.ProcessingResponse] | Pending]:
+    """A stream whose request, for a catalogue adapter, is dispatched and then held for its load."""
+    clock = SystemClock()
+    options = StreamOptions(director, clock, hold=functools.partial(hold_for_adapter, loader))
+    handler = StreamHandler(options)
+    assert handler.handle(_headers()) == []
+    return handler, handler.handle(_body("held-adapter"))
+
+
+def _headers() -> pb.ProcessingRequest:
+    message = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=":method", raw_value=b"POST")])
+        )
+    )
+    message.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+    message.protocol_config.response_body_mode = processing_mode_pb2.ProcessingMode.NONE
+    return message
+
+
+def _body(model: str) -> pb.ProcessingRequest:
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 2}).encode()
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+
+
 async def test_a_routed_request_is_held_until_its_pod_has_the_adapter(pods: dict[str, SimPodClient]) -> None:
-    """The director picks (pure), `hold_for_adapter` loads on the pick, the pod then serves it."""
+    """The director picks, `hold_for_adapter` loads on the pick, the reply then sends it to that pod."""
     hosts = [pods["b"].address.rpartition(":")[0], pods["a"].address.rpartition(":")[0]]
     port = int(pods["a"].address.rpartition(":")[2])
     model = InferenceModel(name="held", namespace="default", model_name="held-adapter", pool_name="pool")
     store = pool_datastore(hosts, target_ports=(port,), models=[model])
     scheduler = FakeScheduler(max_endpoints=2)
     director = Director(store, scheduler, clock=FakeClock())
-    body = json.dumps({"model": "held-adapter", "prompt": "hi", "max_tokens": 2}).encode()
-    decision = director.route(request_id="r1", headers={}, body=body)
-    assert len(decision.endpoints) == 2
     loader = loader_for({"held-adapter": "/loras/held"})
     try:
-        held = await hold_for_adapter(loader, director, decision)
+        handler, answer = _held_stream(loader, director)
+        assert isinstance(answer, Pending)  # waits for the load before any reply
+        replies = await handler.resume()
     finally:
         await loader.close()
-    primary = next(p for p in pods.values() if p.address == held.primary.address)
-    assert held.endpoints == (decision.primary,)  # the fallback lacks the adapter: dropped
+    life = handler.life
+    assert life is not None and life.decision is not None
+    destination = replies[0].request_headers.response.header_mutation.set_headers[0].header.raw_value.decode()
+    assert destination == life.decision.primary.address  # the fallback lacks the adapter: dropped
+    primary = next(p for p in pods.values() if p.address == destination)
     status, reply = primary.complete("held-adapter")
     assert (status, reply["model"]) == (200, "held-adapter")
-    assert not StreamHandler(StreamOptions(director)).wants_prepare  # no hold plugged in: nothing waits
-    assert scheduler.completed == []  # a held request that was served is completed by the stream
+    assert scheduler.completed == []  # served: it is still in flight until its response ends
 
 
-async def test_a_failed_hold_releases_the_request_in_the_scheduler(pods: dict[str, SimPodClient]) -> None:
+async def test_a_failed_hold_is_a_503_and_releases_the_request(pods: dict[str, SimPodClient]) -> None:
     host, _, port = pods["no-runtime"].address.rpartition(":")
     model = InferenceModel(name="m", namespace="default", model_name="never-loads", pool_name="pool")
     scheduler = FakeScheduler()
     director = Director(
         pool_datastore([host], target_ports=(int(port),), models=[model]), scheduler, clock=FakeClock()
     )
-    body = json.dumps({"model": "never-loads", "prompt": "hi"}).encode()
-    decision = director.route(request_id="r2", headers={}, body=body)
     loader = loader_for({"never-loads": "/x"})
     try:
-        with pytest.raises(EppError) as caught:
-            await hold_for_adapter(loader, director, decision)
+        handler = StreamHandler(
+            StreamOptions(director, SystemClock(), hold=functools.partial(hold_for_adapter, loader))
+        )
+        handler.handle(_headers())
+        assert isinstance(handler.handle(_body("never-loads")), Pending)
+        replies = await handler.resume()
     finally:
         await loader.close()
-    assert caught.value.http_status == 503
-    assert scheduler.completed == [("r2", decision.primary.name)]
+    assert replies[0].immediate_response.status.code == 503
+    handler.close()
+    life = handler.life
+    assert life is not None and life.ending is Ending.REFUSED
+    assert scheduler.completed == [(life.key, life.decision.primary.name if life.decision else "")]
 
 
-async def test_a_client_that_leaves_during_the_hold_is_released_in_the_scheduler(
-    pods: dict[str, SimPodClient],
-) -> None:
+async def test_a_client_that_leaves_during_the_hold_is_released(pods: dict[str, SimPodClient]) -> None:
     host, _, port = pods["slow"].address.rpartition(":")
     model = InferenceModel(name="m", namespace="default", model_name="slow-one", pool_name="pool")
     scheduler = FakeScheduler()
     director = Director(
         pool_datastore([host], target_ports=(int(port),), models=[model]), scheduler, clock=FakeClock()
     )
-    body = json.dumps({"model": "slow-one", "prompt": "hi"}).encode()
-    decision = director.route(request_id="r3", headers={}, body=body)
     loader = loader_for({"slow-one": "/slow"})
     try:
-        held = asyncio.create_task(hold_for_adapter(loader, director, decision))
-        await eventually(lambda: loader.is_loading(decision.primary.address, "slow-one"), "the load to start")
+        handler = StreamHandler(
+            StreamOptions(director, SystemClock(), hold=functools.partial(hold_for_adapter, loader))
+        )
+        handler.handle(_headers())
+        assert isinstance(handler.handle(_body("slow-one")), Pending)
+        life = handler.life
+        assert life is not None and life.decision is not None
+        primary = life.decision.primary
+        held = asyncio.create_task(handler.resume())
+        await eventually(lambda: loader.is_loading(primary.address, "slow-one"), "the load to start")
         assert scheduler.completed == []
         held.cancel()
         with pytest.raises(asyncio.CancelledError):
             await held
+        handler.close()  # the server closes the stream of a client that left
     finally:
         await loader.close()
-    assert scheduler.completed == [("r3", decision.primary.name)]
+    assert life.ending is Ending.CLIENT_GONE and life.outcome.status == 499
+    assert scheduler.completed == [(life.key, primary.name)]

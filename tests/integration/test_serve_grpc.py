@@ -535,7 +535,7 @@ class ExplodingScheduler(FakeScheduler):
 
 async def test_unexpected_error_is_500_and_a_stalled_peer_blocks_no_one() -> None:
     director = Director(pool_datastore(), ExplodingScheduler(), clock=SystemClock())
-    processor = ExternalProcessor(StreamOptions(director))
+    processor = ExternalProcessor(StreamOptions(director, SystemClock()))
     server, port = build_ext_proc_server(processor, host="127.0.0.1", port=0, credentials=None)
     await server.start()
     try:

@@ -12,23 +12,39 @@ from epp.picker.datastore.types import (
     EndpointState,
     InferenceModel,
     InferenceObjective,
+    Metrics,
     PodInfo,
     Pool,
     Snapshot,
 )
+from epp.picker.scheduling.inflight import Flight
+from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest, SchedulingResult
+
+
+def _fresh_state() -> SchedulerState:
+    return SchedulerState.create(seed=0, staleness_threshold_s=2.0)
 
 
 @dataclass
 class FakeScheduler:
-    """Picks candidates in name order; `max_endpoints` of them, primary first. Records every hook call."""
+    """Picks candidates in name order; `max_endpoints` of them, primary first. Records every hook call.
+
+    `routed` holds each `on_routed` call; `completed` each request its routing ledger released (the
+    director finishes a dispatched request there), both as (request key, endpoint name): the key is
+    the request's life's key (`LLMRequest.request_id`), the endpoint the one it was counted on.
+    """
 
     max_endpoints: int = 1
     exhausted: bool = False
     name: str = "fake"
+    state: SchedulerState = field(default_factory=_fresh_state)
     scheduled: list[tuple[LLMRequest, tuple[str, ...]]] = field(default_factory=list)
-    routed: list[tuple[str, str]] = field(default_factory=list)  # (request_id, primary name)
-    completed: list[tuple[str, str]] = field(default_factory=list)  # (request_id, endpoint)
+    routed: list[tuple[str, str]] = field(default_factory=list)  # (request key, primary name)
+    completed: list[tuple[str, str]] = field(default_factory=list)  # (request key, endpoint)
+
+    def __post_init__(self) -> None:
+        self.state.ledger.listen(self._on_flight)
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
@@ -42,8 +58,9 @@ class FakeScheduler:
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
         self.routed.append((request.request_id, result.primary.name))
 
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
-        self.completed.append((request.request_id, endpoint_name))
+    def _on_flight(self, flight: Flight, finished: bool, now: float) -> None:
+        if finished:
+            self.completed.append((flight.key, flight.endpoint))
 
 
 def pool_datastore(
@@ -66,3 +83,26 @@ def pool_datastore(
     store.replace_models(models)
     store.replace_objectives(objectives)
     return store
+
+
+BASE_MODEL_NAME = "base"  # the served model name `scrape_lora_slots` reports: other models are adapters
+
+
+def scrape_lora_slots(
+    store: Datastore, now: float, *, max_lora: int = 1, waiting: int = 0, running: int = 0
+) -> None:
+    """Give every endpoint a fresh scrape: LoRA on with `max_lora` slots, serving `base`, `waiting`
+    requests in its queue (above the saturation detector's 5, flow control's gate finds no headroom)
+    and `running` in its batch."""
+    for endpoint in store.endpoints():
+        store.update_metrics(
+            endpoint.name,
+            Metrics(
+                updated_at=now,
+                waiting_requests=waiting,
+                running_requests=running,
+                lora_enabled=True,
+                max_lora=max_lora,
+                served_model_name=BASE_MODEL_NAME,
+            ),
+        )

@@ -1,39 +1,71 @@
-"""Admission: pool saturation and criticality/priority-based shedding (pure, synchronous)."""
+"""Admission: pool saturation and criticality/priority-based shedding (pure, synchronous).
+
+The saturation detector is read from the EndpointPickerConfig once, by `detector_config`:
+admission sheds by it, and flow control gates dispatch by the same thresholds, so the two can
+never disagree about when the pool is full.
+"""
 
 from __future__ import annotations
 
-from epp.durations import parse_duration
+from dataclasses import dataclass
+
 from epp.errors import ConfigError
 from epp.picker.admission.saturation import SaturationDetector, SaturationLevel
 from epp.picker.admission.shedding import SHED_MESSAGE, Admission
-from epp.picker.scheduling.config import PickerConfig, PluginSpec, load_config
+from epp.picker.scheduling.config import PickerConfig, PluginSpec, load_config, parse_config_duration
 from epp.picker.scheduling.params import Params
-from epp.picker.scheduling.plugins import SATURATION_DETECTOR_TYPES
+from epp.picker.scheduling.plugins import LORA_CAPACITY_DETECTOR, SATURATION_DETECTOR_TYPES
 
-__all__ = ["SHED_MESSAGE", "Admission", "SaturationDetector", "SaturationLevel", "build_admission"]
+__all__ = [
+    "SHED_MESSAGE",
+    "Admission",
+    "DetectorConfig",
+    "SaturationDetector",
+    "SaturationLevel",
+    "build_admission",
+    "detector_config",
+]
 
 
-def build_admission(config_text: str | None = None, *, staleness_threshold_s: float = 2.0) -> Admission:
-    """Admission from the EndpointPickerConfig's saturation detector plugin, or defaults.
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    """The configured saturation detector: its type, thresholds and the knobs around them."""
 
-    The detector is the plugin named by `saturationDetector.pluginRef`, else the only
-    plugin of type `utilization-detector` / `saturation-detector`. Its parameters:
+    plugin_type: str | None  # None: the config names no detector, so upstream's defaults apply
+    detector: SaturationDetector
+    shed_standard: bool = True
+    drain_after_s: float | None = None  # `drainAfter` of lora-capacity-detector; None: not set
+
+
+def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float = 2.0) -> DetectorConfig:
+    """The detector plugin named by `saturationDetector.pluginRef`, else the only detector plugin.
+
+    Types: `utilization-detector`, `saturation-detector` and ours, `lora-capacity-detector`
+    (which also turns on flow control's per-endpoint slot gate). Parameters:
     `queueDepthThreshold` (5), `kvCacheUtilThreshold` (0.8), `overloadQueueDepthThreshold`
     (20), `overloadKvCacheUtilThreshold` (0.95), `metricsStalenessThreshold` (duration;
-    default `staleness_threshold_s`), `shedStandard` (true). Raises ConfigError.
+    default `staleness_threshold_s`), `shedStandard` (true), upstream's `headroom` (read past),
+    and for `lora-capacity-detector` only, `drainAfter` (a duration). Raises ConfigError.
     """
-    spec = _detector_spec(load_config(config_text)) if config_text is not None else None
+    spec = _detector_spec(config) if config is not None else None
     params = Params(spec.name if spec else "saturation-detector", spec.parameters if spec else None)
     staleness_s = staleness_threshold_s
     raw_staleness = params.raw_value("metricsStalenessThreshold")
     if raw_staleness is not None:
-        staleness_s = _duration(raw_staleness)
+        staleness_s = parse_config_duration(raw_staleness, "metricsStalenessThreshold")
+        if staleness_s <= 0:
+            raise ConfigError(f"metricsStalenessThreshold: must be positive, got {raw_staleness!r}")
     queue = params.integer("queueDepthThreshold", 5, minimum=0)
     kv = params.number("kvCacheUtilThreshold", 0.8, minimum=0, maximum=1)
     overload_queue = params.integer("overloadQueueDepthThreshold", max(20, queue), minimum=0)
     overload_kv = params.number("overloadKvCacheUtilThreshold", max(0.95, kv), minimum=0, maximum=1)
     shed_standard = params.boolean("shedStandard", True)
     params.accept("headroom")
+    drain_after_s: float | None = None
+    if spec is not None and spec.type == LORA_CAPACITY_DETECTOR:
+        raw_drain = params.raw_value("drainAfter")
+        if raw_drain is not None:
+            drain_after_s = parse_config_duration(raw_drain, f"plugin {spec.name!r}: parameter 'drainAfter'")
     params.done()
     try:
         detector = SaturationDetector(
@@ -45,7 +77,24 @@ def build_admission(config_text: str | None = None, *, staleness_threshold_s: fl
         )
     except ValueError as err:
         raise ConfigError(f"saturation detector: {err}") from err
-    return Admission(detector=detector, shed_standard=shed_standard)
+    return DetectorConfig(
+        plugin_type=spec.type if spec else None,
+        detector=detector,
+        shed_standard=shed_standard,
+        drain_after_s=drain_after_s,
+    )
+
+
+def build_admission(
+    config: str | PickerConfig | None = None, *, staleness_threshold_s: float = 2.0
+) -> Admission:
+    """Admission from the config's saturation detector (see `detector_config`), or defaults.
+
+    `config` is EndpointPickerConfig YAML or an already loaded config. Raises ConfigError.
+    """
+    loaded = load_config(config) if isinstance(config, str) else config
+    chosen = detector_config(loaded, staleness_threshold_s=staleness_threshold_s)
+    return Admission(detector=chosen.detector, shed_standard=chosen.shed_standard)
 
 
 def _detector_spec(config: PickerConfig) -> PluginSpec | None:
@@ -60,15 +109,3 @@ def _detector_spec(config: PickerConfig) -> PluginSpec | None:
     if len(found) > 1:
         raise ConfigError("several saturation detector plugins; name one in saturationDetector.pluginRef")
     return found[0] if found else None
-
-
-def _duration(value: object) -> float:
-    if isinstance(value, bool):
-        raise ConfigError(f"metricsStalenessThreshold: expected a duration, got {value!r}")
-    try:
-        seconds = float(value) if isinstance(value, int | float) else parse_duration(str(value))
-    except ValueError as err:  # a DurationError says what is wrong
-        raise ConfigError(f"metricsStalenessThreshold: {err}") from err
-    if seconds <= 0:
-        raise ConfigError(f"metricsStalenessThreshold: must be positive, got {value!r}")
-    return seconds

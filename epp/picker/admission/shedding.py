@@ -2,7 +2,7 @@
 
 Order is fixed: Sheddable (criticality Sheddable, or objective priority < 0) goes first,
 at SATURATED; Standard only at OVERLOADED (when `shed_standard` is on), which needs fresh
-metrics showing overload on every candidate; Critical never.
+metrics showing overload on every candidate; Critical (or an objective priority above 0) never.
 A shed request gets 429 with a reason; nothing else changes.
 """
 
@@ -28,6 +28,8 @@ class Admission:
         """The saturation level at which `request` is shed; None = never."""
         if request.criticality is Criticality.CRITICAL and request.priority >= 0:
             return None
+        if request.objective is not None and request.priority > 0:
+            return None  # an objective above the default priority is as protected as Critical
         if request.sheddable:
             return SaturationLevel.SATURATED
         return SaturationLevel.OVERLOADED if self.shed_standard else None

@@ -169,6 +169,18 @@ def empty_response_trailers_reply() -> pb.ProcessingResponse:
     return _EMPTY_RESPONSE_TRAILERS_REPLY
 
 
+def keep_waiting(seconds: float) -> pb.ProcessingResponse:
+    """Ask the data plane to wait `seconds` more for the reply to the message it sent last.
+
+    BUFFERED mode times each message out (`message_timeout`); a request that waits in a queue or
+    for an adapter load needs longer. Envoy restarts its timer with this value, up to its
+    `max_message_timeout` (a value above that is ignored, and so is this reply without one).
+    """
+    response = pb.ProcessingResponse()
+    response.override_message_timeout.FromMilliseconds(int(seconds * 1000))
+    return response
+
+
 def immediate_error(error: EppError, *, retry_after_s: int | None = None) -> pb.ProcessingResponse:
     """An ImmediateResponse with the OpenAI-style JSON error body; `retry-after` on 429."""
     headers: list[tuple[str, str]] = [("content-type", wire.JSON_CONTENT_TYPE)]

@@ -23,7 +23,7 @@ from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as 
 from epp.errors import ConfigError
 from epp.picker import wire
 from epp.picker.extproc.accesslog import AccessLogReceiver
-from epp.picker.extproc.stream import ProtocolError, StreamHandler, StreamOptions
+from epp.picker.extproc.stream import Pending, ProtocolError, StreamHandler, StreamOptions
 from epp.picker.listen import bind, grpc_address
 from epp.picker.logs import bound_request_id, request_id_var
 
@@ -54,9 +54,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 # context manager) because it happens for every message.
                 bound = request_id_var.set(handler.request_id or "-")
                 try:
-                    if handler.wants_prepare:
-                        await handler.prepare(message)
-                    replies = handler.handle(message)
+                    answer = handler.handle(message)
+                    if isinstance(answer, Pending):
+                        # Waiting (a flow-control queue, an adapter load) holds only this stream.
+                        for reply in answer.now:
+                            yield reply
+                        replies = await handler.resume()
+                    else:
+                        replies = answer
                 except ProtocolError as err:
                     log.warning("ext_proc protocol error", extra={"error": str(err)})
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -8,15 +8,22 @@ FULL_DUPLEX_STREAMED defers the headers reply until the body has ended, then sen
 answers headers at once and routes on the whole-body message. The mode comes from
 `protocol_config` on the first message, else the configured default.
 
+Each stream's request has a life (`epp.picker.lifecycle`), minted with the request headers. When
+the body is complete it arrives at the director; if flow control queues it, or the composition
+root's hold (on-demand adapter loading) must let it go first, `handle` answers PENDING and the
+server awaits `resume` for the replies. A client that leaves meanwhile finishes the request as
+gone: it leaves its queue, or its in-flight count, at once.
+
 When the data plane announces that no response body follows (`response_body_mode: NONE`, the
 default of every Envoy config we generate), the stream ends as soon as the request is routed
 (`done`), so an EPP that stops or dies cannot cut a response. The request then finishes when the
 gateway's access-log entry for it arrives (`Completions`), or at once when that gateway sends none.
-When the response does pass through, it finishes at the response's end, as before.
+When the response does pass through, it finishes at the response's end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
@@ -30,13 +37,13 @@ from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import Clock
 from epp.errors import EppError, ErrorCode
 from epp.picker import wire
-from epp.picker.context import RequestContext
-from epp.picker.director import RoutingDecision
 from epp.picker.extproc import messages
-from epp.picker.extproc.completions import Completion, Completions
-from epp.picker.outcome import FinishedBy, StreamRecord, Usage
+from epp.picker.extproc.completions import Completions
+from epp.picker.lifecycle import Ending, RequestLife, Stage, Usage
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request": a dispatched request whose client left
 
 _BodySendMode = processing_mode_pb2.ProcessingMode
 
@@ -65,39 +72,39 @@ class StreamSettings:
     max_header_bytes: int = wire.DEFAULT_MAX_HEADER_BYTES
     # A non-streaming response body larger than this is passed through unparsed instead of buffered.
     max_buffered_response_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
+    # In BUFFERED mode, how long the data plane is asked to wait for the reply of a request that
+    # waits (in a flow-control queue, for an adapter load): its queue TTL and a margin.
+    pending_timeout_s: float = 90.0
 
 
 class Router(Protocol):
-    """What a stream needs of the picker: a decision for a request, and word when it finished."""
+    """What a stream needs of the picker: a life for each request, and its arrival (see `Director`)."""
 
-    def route(
+    def mint(self, request_id: str = "") -> RequestLife: ...
+
+    def arrive(
         self,
+        life: RequestLife,
         *,
-        request_id: str,
         headers: Mapping[str, str],
         body: bytes | None,
         subset: Sequence[str] | None = None,
-        context: RequestContext | None = None,
-    ) -> RoutingDecision: ...
-
-    def complete(self, decision: RoutingDecision, *, served_address: str | None, status: int) -> None: ...
+    ) -> bytes: ...
 
 
-# A step between the pick and the reply that may wait (only this stream waits): the composition
-# root plugs in on-demand adapter loading this way. It returns the decision to send, or raises
-# `EppError` for the stream to answer.
-Hold = Callable[[RoutingDecision], Awaitable[RoutingDecision]]
+# A wait between dispatch and the reply (only this stream waits): the composition root plugs in
+# on-demand adapter loading this way. It may narrow `life.decision`; it raises `EppError` for the
+# stream to answer.
+Hold = Callable[[RequestLife], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
-    """What every stream of one server shares: the router, limits and the hooks around a stream."""
+    """What every stream of one server shares: the router, limits and the waits around a request."""
 
     router: Router
+    clock: Clock
     settings: StreamSettings = StreamSettings()
-    on_finished: Callable[[StreamRecord], None] | None = None
-    clock: Clock | None = None  # only to time the first response byte (TTFT); None: not timed
-    # When set, `prepare` picks ahead of `handle` and awaits the hold before answering.
     hold: Hold | None = None
     # Finishing requests from the gateway's access log; None: each finishes when its stream ends.
     completions: Completions | None = None
@@ -111,9 +118,21 @@ class ProtocolError(Exception):
     """A message the ext_proc contract does not allow here; the server ends the stream with a gRPC error."""
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """`handle`'s answer when the request must wait (a flow-control queue, an adapter load): the
+    server sends `now` at once (BUFFERED: ask the data plane to keep waiting), then awaits `resume`
+    for the replies."""
+
+    now: tuple[pb.ProcessingResponse, ...] = ()
+
+
+PENDING = Pending()
+
+
 @dataclass(slots=True)
 class _RequestState:
-    """The request as it arrives, up to its routing decision."""
+    """The request as it arrives, up to its reply."""
 
     mode: BodyMode | None = None  # the request body mode announced; None: the configured default
     headers: dict[str, str] = field(default_factory=dict)
@@ -121,9 +140,13 @@ class _RequestState:
     generated_id: bool = False  # the request id is ours, so the reply sets it upstream
     body: bytearray = field(default_factory=bytearray)
     subset: list[str] | None = None  # the data plane's subset hint, when it sent one
-    # What `prepare` picked (after the hold) or the error it got; `handle` answers with it.
-    ahead: RoutingDecision | EppError | None = None
-    decision: RoutingDecision | None = None  # set once the request is routed
+    routed_body: bytes = b""  # what goes upstream once dispatched (rewritten when the model was)
+    headers_only: bool = False  # no body: the reply answers the request headers
+    trailers: bool = False  # the body ended with trailers: their reply follows the routing replies
+    # The routed replies were built: the request went on to its endpoints. Until then a dispatched
+    # request (waiting in the hold, or let go by its queue but not yet answered) whose client
+    # leaves is gone: nothing reached the data plane, so no response or access-log entry follows.
+    sent_on: bool = False
 
 
 @dataclass(slots=True)
@@ -140,18 +163,7 @@ class _ResponseState:
     usage: Usage | None = None
     body_bytes: int = 0
     first_body_at_s: float | None = None  # on the options' clock, for TTFT
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """How the request ended, and what makes sure the director and `on_finished` hear it once."""
-
-    served: str | None = None  # envoy.lb served endpoint, when the data plane reports it
-    error: EppError | None = None
-    completion_key: str = ""  # the key its access-log entry comes back with; "" when none will
-    logged: Completion | None = None  # an access-log entry that came while the stream was open
-    completed: bool = False  # the director was told
-    closed: bool = False  # `close` ran: reported, or waiting on the access log
+    ended: bool = False  # the whole response passed through
 
 
 class StreamHandler:
@@ -162,24 +174,30 @@ class StreamHandler:
     """
 
     # Slots: the handler's attributes are read on every message of every stream.
-    __slots__ = ("_options", "_outcome", "_peer", "_request", "_response", "context", "done", "request_id")
+    __slots__ = ("_options", "_peer", "_request", "_response", "_served", "done", "life")
 
     def __init__(self, options: StreamOptions, *, peer: str = "") -> None:
         self._options = options
         self._peer = peer
-        self.context = RequestContext()
-        self.request_id = ""
+        self.life: RequestLife | None = None  # minted with the request headers
         # Nothing more to do on this stream (an ImmediateResponse was sent, or the request was
         # routed and no response follows): the server ends it.
         self.done = False
         self._request = _RequestState()
         self._response = _ResponseState()
-        self._outcome = _Outcome()
+        self._served: str | None = None  # envoy.lb served endpoint, when the data plane reports it
+
+    @property
+    def request_id(self) -> str:
+        return self.life.request_id if self.life is not None else ""
 
     # -- entry points ----------------------------------------------------------------------
 
-    def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        """Replies to one message; an `EppError` becomes an ImmediateResponse and ends the stream."""
+    def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse] | Pending:
+        """Replies to one message, or PENDING when the request waits (then `resume` answers).
+
+        An `EppError` becomes an ImmediateResponse and ends the stream.
+        """
         if self.done:
             return []
         self._read_protocol_config(message)
@@ -189,42 +207,31 @@ class StreamHandler:
         except EppError as err:
             return [self._fail(err)]
 
-    @property
-    def wants_prepare(self) -> bool:
-        """Whether `prepare` may pick ahead (an adapter loader is set and the request is not routed)."""
-        return self._options.hold is not None and not self.done and self._request.decision is None
-
-    async def prepare(self, message: pb.ProcessingRequest) -> None:
-        """Pick ahead of `handle` when `message` completes the request and an adapter may need loading.
-
-        Only the pick moves here, because it may wait on the hold: `handle` still takes the
-        message and answers it, with this pick (or its error) instead of picking again.
-        Without a loader, or for any other message, this does nothing.
-        """
-        hold = self._options.hold
-        if hold is None or not self.wants_prepare:
-            return
-        self._read_protocol_config(message)
-        self._read_subset_hint(message)
-        request = self._request
-        kind = message.WhichOneof("request")
-        if kind == "request_body":
-            chunk = message.request_body
-            data = chunk.body
-            try:
-                if not self._body_ends(data, chunk.end_of_stream):
-                    return
-            except EppError:
-                return  # `handle` answers it
-            body = bytes(request.body) + data
-        elif kind == "request_trailers" and self._trailers_end_body():
-            body = bytes(request.body)
-        else:
-            return
+    async def resume(self) -> list[pb.ProcessingResponse]:
+        """The replies for a request `handle` left waiting: once it leaves its queue (dispatched, or
+        refused) and, after dispatch, once the hold lets it go."""
+        life = self.life
+        assert life is not None
         try:
-            request.ahead = await hold(self._pick(body))
+            # A queued request that was refused (its TTL, a drain) before this wait began is
+            # answered at once: its waiter was told before it was set.
+            if life.stage is Stage.QUEUED and life.error is None:
+                left: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+                def wake(_: RequestLife) -> None:
+                    if not left.done():
+                        left.set_result(None)
+
+                life.waiter = wake
+                await left
+            if life.error is not None:
+                raise life.error
+            hold = self._options.hold
+            if hold is not None:
+                await hold(life)
         except EppError as err:
-            request.ahead = err
+            return [self._fail(err)]
+        return self._routed_replies()
 
     def fail_internal(self) -> list[pb.ProcessingResponse]:
         """The reply for an unexpected error while handling a message (500)."""
@@ -233,82 +240,61 @@ class StreamHandler:
         return [self._fail(EppError(ErrorCode.INTERNAL, "internal error", reason="internal"))]
 
     def close(self) -> None:
-        """The stream ended (EOF, cancel, after an ImmediateResponse or once routed): report once.
+        """The stream ended (EOF, cancel, after an ImmediateResponse or once routed): finish its
+        request, unless it finishes later.
 
-        A routed request whose response did not pass through waits for its access-log entry when
-        the gateway sends one; otherwise it finishes now.
+        A dispatched request whose response did not pass through waits for its access-log entry
+        when the gateway sends one; otherwise it finishes now.
         """
-        outcome = self._outcome
-        if outcome.closed:
+        life = self.life
+        if life is None or life.finished:
             return
-        outcome.closed = True
-        key, completions = outcome.completion_key, self._options.completions
-        if self._request.decision is None or outcome.completed or key == "" or completions is None:
-            self._finish(FinishedBy.RESPONSE if outcome.completed else FinishedBy.STREAM_END)
-        elif outcome.logged is not None:
-            self._finish_from_log(outcome.logged)
+        now = self._options.clock.now()
+        if life.stage is not Stage.DISPATCHED or not self._request.sent_on:
+            self._record_response(life)
+            if life.error is not None:
+                life.finish(Ending.REFUSED, now)
+            else:
+                if life.stage is Stage.DISPATCHED:
+                    life.outcome.status = CLIENT_CLOSED_REQUEST
+                life.finish(Ending.CLIENT_GONE, now)
+            return
+        completions = self._options.completions
+        if self._response.ended or completions is None:
+            self._finish(Ending.RESPONSE if self._response.ended else Ending.STREAM_END)
+            return
+        logged = completions.logged(life.key)
+        if logged is not None:
+            self._record_response(life)
+            completions.finish(life, logged)
         elif completions.receives_from(self._peer):
-            completions.wait(key, self._peer)
+            self._record_response(life)
+            completions.wait(life, self._peer)
         else:
-            completions.forget(key)
-            self._finish(FinishedBy.STREAM_END)
+            completions.forget(life.key)
+            self._finish(Ending.STREAM_END)
 
-    def _finish_from_log(self, completion: Completion | None) -> None:
-        """The access-log entry for this request came (or, with None, never will)."""
-        outcome = self._outcome
-        if not outcome.closed:
-            outcome.logged = completion  # the stream is still open: `close` uses it
-            return
-        if completion is None:
-            self._finish(FinishedBy.EXPIRED)
-            return
-        self._response.status = completion.status
-        if completion.served_address:
-            outcome.served = completion.served_address
-        self._response.body_bytes = completion.response_body_bytes
-        self._finish(FinishedBy.ACCESS_LOG, completion)
+    def _finish(self, ending: Ending) -> None:
+        life = self.life
+        assert life is not None
+        self._record_response(life)
+        completions = self._options.completions
+        if completions is not None:
+            completions.forget(life.key)
+        life.finish(ending, self._options.clock.now())
 
-    def _finish(self, finished_by: FinishedBy, completion: Completion | None = None) -> None:
-        """Tell the director (once) and report the stream."""
-        self._complete()
-        outcome, response, options = self._outcome, self._response, self._options
-        if outcome.completion_key and options.completions is not None:
-            options.completions.forget(outcome.completion_key)
-        decision = self._request.decision
-        if decision is not None and log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "request finished",
-                extra={
-                    "request_id": self.request_id,
-                    "status": response.status,
-                    "served": outcome.served,
-                    "finished_by": finished_by.value,
-                },
-            )
-        if options.on_finished is None:
-            return
-        ttft_s = None
-        if completion is not None:
-            ttft_s = completion.ttft_s
-        elif decision is not None and response.first_body_at_s is not None:
-            ttft_s = response.first_body_at_s - decision.request.arrival_s
-        options.on_finished(
-            StreamRecord(
-                request_id=self.request_id,
-                decision=decision,
-                error=outcome.error,
-                response_status=response.status,
-                streaming_response=response.sse,
-                usage=response.usage,
-                request_body_bytes=len(self._request.body),
-                response_body_bytes=response.body_bytes,
-                ttft_s=ttft_s,
-                duration_s=completion.duration_s if completion is not None else None,
-                finished_by=finished_by if decision is not None else None,
-                served_address=outcome.served,
-                context=self.context,
-            )
-        )
+    def _record_response(self, life: RequestLife) -> None:
+        """What the stream saw of the response, onto the request's outcome."""
+        outcome, response = life.outcome, self._response
+        if response.status is not None:
+            outcome.status = response.status
+        outcome.streaming = response.sse
+        outcome.usage = response.usage
+        outcome.response_body_bytes = response.body_bytes
+        if self._served:
+            outcome.served_address = self._served
+        if response.first_body_at_s is not None and outcome.ttft_s is None:
+            outcome.ttft_s = response.first_body_at_s - life.arrived_at
 
     @property
     def mode(self) -> BodyMode:
@@ -317,7 +303,7 @@ class StreamHandler:
 
     # -- dispatch --------------------------------------------------------------------------
 
-    def _dispatch(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _dispatch(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse] | Pending:
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return self._on_request_headers(message.request_headers)
@@ -354,7 +340,7 @@ class StreamHandler:
         metadata = message.metadata_context.filter_metadata
         served = messages.struct_field(metadata, wire.LB_METADATA_NAMESPACE, wire.SERVED_ENDPOINT_KEY)
         if isinstance(served, str) and served:
-            self._outcome.served = served
+            self._served = served
         value = messages.struct_field(metadata, wire.SUBSET_HINT_NAMESPACE, wire.SUBSET_HINT_KEY)
         if value is None:
             return
@@ -366,17 +352,15 @@ class StreamHandler:
             self._request.subset = []  # present but unusable: nothing is eligible (503)
 
     # -- request path ----------------------------------------------------------------------
-    #
-    # `handle` and `prepare` share the rules below: when the body ends (`_body_ends`,
-    # `_trailers_end_body`) and how a pick is made (`_pick`). Only `handle` takes messages,
-    # records the decision (`_route`) and builds replies.
 
-    def _on_request_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+    def _on_request_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse] | Pending:
+        if self.life is not None:  # one HTTP request per stream: a second would orphan the first's life
+            raise ProtocolError("request headers twice on one stream")
         request = self._request
         request.headers = header_map = messages.header_map(headers)
         header_bytes = sum(len(k) + len(v) for k, v in header_map.items())
         given_id = header_map.get(wire.REQUEST_ID_HEADER, "")
-        self.request_id = given_id or str(uuid.uuid4())
+        self.life = self._options.router.mint(given_id or str(uuid.uuid4()))
         request.generated_id = not given_id
         if header_bytes > self._options.settings.max_header_bytes:
             raise EppError(ErrorCode.BAD_REQUEST, "request headers too large", reason="headers-too-large")
@@ -387,7 +371,8 @@ class StreamHandler:
         ]
         mode = self.mode
         if headers.end_of_stream or mode is BodyMode.NONE:
-            return [self._route_headers_only()]
+            request.headers_only = True
+            return self._route(None)
         if mode is BodyMode.BUFFERED:
             remove = list(request.strip)
             if wire.DESTINATION_ENDPOINT_HEADER in header_map:
@@ -397,105 +382,105 @@ class StreamHandler:
             ]
         return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the body
 
-    def _body_ends(self, data: bytes, end_of_stream: bool) -> bool:
-        """Whether a body message carrying `data` completes the request, which is then routed on it.
-
-        BUFFERED routes on its one whole-body message (BUFFERED_PARTIAL may end without
-        end_of_stream). Raises for a message the stream cannot take.
-        """
+    def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse] | Pending:
         request = self._request
-        if request.decision is not None:
+        if self.life is None:
+            raise ProtocolError("request body before the request headers")
+        if self._routing_started():
             raise ProtocolError("request body after the request was routed")
+        data = body.body
         if len(request.body) + len(data) > self._options.settings.max_request_body_bytes:
             raise EppError(ErrorCode.BAD_REQUEST, "request body too large", reason="body-too-large")
-        return end_of_stream or self.mode is BodyMode.BUFFERED
+        request.body.extend(data)
+        # BUFFERED routes on its one whole-body message (BUFFERED_PARTIAL may end without end_of_stream).
+        if body.end_of_stream or self.mode is BodyMode.BUFFERED:
+            return self._route(bytes(request.body))
+        return []
 
-    def _trailers_end_body(self) -> bool:
-        """Whether trailers complete the request: a streamed body that did not say it ended."""
-        return self._request.decision is None and self.mode is BodyMode.FULL_DUPLEX_STREAMED
+    def _on_request_trailers(self) -> list[pb.ProcessingResponse] | Pending:
+        """Trailers end a streamed body that did not say it ended; otherwise they are just answered."""
+        if not self._routing_started() and self.mode is BodyMode.FULL_DUPLEX_STREAMED:
+            if self.life is None:
+                raise ProtocolError("request trailers before the request headers")
+            self._request.trailers = True
+            return self._route(bytes(self._request.body))
+        return [messages.empty_request_trailers_reply()]
 
-    def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        data = body.body
-        ends = self._body_ends(data, body.end_of_stream)
-        self._request.body.extend(data)
-        return self._route_body() if ends else []
+    def _routing_started(self) -> bool:
+        life = self.life
+        return life is not None and life.stage is not Stage.ARRIVED
 
-    def _on_request_trailers(self) -> list[pb.ProcessingResponse]:
-        replies = self._route_body() if self._trailers_end_body() else []
-        replies.append(messages.empty_request_trailers_reply())
-        return replies
-
-    def _pick(self, body: bytes | None) -> RoutingDecision:
+    def _route(self, body: bytes | None) -> list[pb.ProcessingResponse] | Pending:
+        """The request is complete: it arrives at the director, then waits or is answered now."""
+        life = self.life
+        assert life is not None
         request = self._request
-        return self._options.router.route(
-            request_id=self.request_id,
-            headers=request.headers,
-            body=body,
-            subset=request.subset,
-            context=self.context,
+        request.routed_body = self._options.router.arrive(
+            life, headers=request.headers, body=body, subset=request.subset
         )
+        if life.stage is Stage.QUEUED or self._options.hold is not None:
+            if self.mode is BodyMode.BUFFERED:
+                return Pending((messages.keep_waiting(self._options.settings.pending_timeout_s),))
+            return PENDING
+        return self._routed_replies()
 
-    def _route(self, body: bytes | None) -> RoutingDecision:
-        """The decision for the request (picked now, or by `prepare`), recorded as routed."""
+    def _routed_replies(self) -> list[pb.ProcessingResponse]:
+        """The replies that send a dispatched request on to its endpoints."""
+        life = self.life
+        assert life is not None
+        decision = life.decision
+        assert decision is not None
         request = self._request
-        ahead = request.ahead
-        if ahead is None:
-            decision = self._pick(body)
-        elif isinstance(ahead, EppError):
-            raise ahead
-        else:
-            decision = ahead
-        request.decision = decision
         completions = self._options.completions
-        if completions is not None:
-            self._outcome.completion_key = completions.expect(self._finish_from_log)
+        key = completions.expect(life) if completions is not None else ""
+        request.sent_on = True
         if self._response.mode is BodyMode.NONE:
             self.done = True  # no response follows: end the stream now
+        destination = decision.destination
         if log.isEnabledFor(logging.DEBUG):  # the fields cost more than the call when it is off
             log.debug(
                 "request routed",
                 extra={
-                    "destination": decision.destination,
+                    "destination": destination,
                     "model": decision.request.target_model,
                     "reason": decision.result.reason,
                 },
             )
-        return decision
-
-    def _route_headers_only(self) -> pb.ProcessingResponse:
-        destination = self._route(None).destination
-        return messages.request_headers_reply(
-            set_headers=messages.routing_headers(destination, None, self._routed_headers()),
-            remove_headers=self._request.strip,
-            destination=destination,
-            completion_key=self._outcome.completion_key,
-        )
-
-    def _route_body(self) -> list[pb.ProcessingResponse]:
-        """Route on the whole body: BUFFERED answers with the body; streamed sends headers, then the body."""
-        decision = self._route(bytes(self._request.body))
-        destination = decision.destination
-        if self.mode is BodyMode.BUFFERED:
+        if request.headers_only:
             return [
-                messages.buffered_request_body_reply(
-                    decision.body, destination, self._routed_headers(), self._outcome.completion_key
+                messages.request_headers_reply(
+                    set_headers=messages.routing_headers(destination, None, self._routed_headers()),
+                    remove_headers=request.strip,
+                    destination=destination,
+                    completion_key=key,
                 )
             ]
-        headers = messages.request_headers_reply(
-            set_headers=messages.routing_headers(destination, len(decision.body), self._routed_headers()),
-            remove_headers=self._request.strip,
-            destination=destination,
-            completion_key=self._outcome.completion_key,
-        )
-        return [headers, *messages.chunked_request_body(decision.body)]
+        body = request.routed_body
+        if self.mode is BodyMode.BUFFERED:
+            return [messages.buffered_request_body_reply(body, destination, self._routed_headers(), key)]
+        replies = [
+            messages.request_headers_reply(
+                set_headers=messages.routing_headers(destination, len(body), self._routed_headers()),
+                remove_headers=request.strip,
+                destination=destination,
+                completion_key=key,
+            ),
+            *messages.chunked_request_body(body),
+        ]
+        if request.trailers:
+            replies.append(messages.empty_request_trailers_reply())
+        return replies
 
     def _routed_headers(self) -> list[tuple[str, str]]:
         headers = self._request_id_headers()
-        headers.extend(self.context.upstream_headers)
+        if self.life is not None:
+            headers.extend(self.life.upstream_headers)
         return headers
 
     def _request_id_headers(self) -> list[tuple[str, str]]:
-        return [(wire.REQUEST_ID_HEADER, self.request_id)] if self._request.generated_id else []
+        if not self._request.generated_id or self.life is None:
+            return []
+        return [(wire.REQUEST_ID_HEADER, self.life.request_id)]
 
     # -- response path ---------------------------------------------------------------------
 
@@ -516,9 +501,7 @@ class StreamHandler:
         data = body.body
         end = body.end_of_stream
         if data and response.first_body_at_s is None:
-            clock = self._options.clock
-            if clock is not None:
-                response.first_body_at_s = clock.now()
+            response.first_body_at_s = self._options.clock.now()
         response.body_bytes += len(data)
         mode = response.mode if response.mode is not None else self.mode
         if mode is not BodyMode.FULL_DUPLEX_STREAMED:
@@ -567,29 +550,27 @@ class StreamHandler:
                 if usage is not None:
                     response.usage = usage
 
-    def _complete(self) -> None:
-        """Tell the director the request finished (once): at response end, else at stream close."""
-        decision, outcome = self._request.decision, self._outcome
-        if decision is None or outcome.completed:
-            return
-        outcome.completed = True
-        self._options.router.complete(
-            decision, served_address=outcome.served, status=self._response.status or 200
-        )
-
     def _end_response(self) -> None:
-        self._complete()
+        """The whole response passed through: the request finishes now (once)."""
         response = self._response
+        if response.ended:
+            return
+        response.ended = True
         if response.sse and response.sse_tail:
             usage = parse_sse_usage(response.sse_tail)
             if usage is not None:
                 response.usage = usage
             response.sse_tail = b""
+        life = self.life
+        if life is not None and life.stage is Stage.DISPATCHED and not life.finished:
+            self._finish(Ending.RESPONSE)
 
     # -- errors ----------------------------------------------------------------------------
 
     def _fail(self, err: EppError) -> pb.ProcessingResponse:
-        self._outcome.error = err
+        life = self.life
+        if life is not None:
+            life.refuse(err)
         self._response.status = err.http_status
         self.done = True
         log.info(

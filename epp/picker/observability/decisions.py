@@ -22,12 +22,13 @@ MAX_CAPACITY = 100_000
 class Decision:
     """One request's routing decision (or refusal)."""
 
-    request_id: str
+    request_id: str  # the client's x-request-id (or the one generated for it)
     at_s: float  # Clock time of the decision
     model: str
     target_model: str
     criticality: str
-    outcome: str  # "routed" | "shed" | "no-endpoint" | "error"
+    # "routed" | "shed" | "no-endpoint" | "queue-full" | "queue-EvictedTTL" | ... | "error"
+    outcome: str
     candidates: tuple[str, ...] = ()
     chosen: tuple[str, ...] = ()  # endpoint addresses, primary first
     profile: str = ""
@@ -37,7 +38,9 @@ class Decision:
     planned_homes: tuple[str, ...] = ()  # the placement plan's homes for the adapter, first home first
     duration_s: float = 0.0
     error_code: str = ""
-    response_status: int | None = None  # filled in when the stream ends
+    response_status: int | None = None  # filled in when the request finishes
+    key: str = ""  # the request's key in this EPP (its completion key, its in-flight entry)
+    queue_wait_s: float | None = None  # seconds it waited in flow control; None: it never queued
 
     def to_json(self) -> dict[str, object]:
         entry = asdict(self)
@@ -81,10 +84,10 @@ class DecisionLog:
     def add(self, decision: Decision) -> None:
         self._entries.append(_Slot(decision, decision.response_status))
 
-    def set_status(self, request_id: str, status: int | None) -> None:
-        """Record the response status on the newest entry for `request_id`, if still held."""
+    def set_status(self, key: str, status: int | None) -> None:
+        """Record the response status on the newest entry for the request `key`, if still held."""
         for slot in reversed(self._entries):
-            if slot.decision.request_id == request_id:
+            if slot.decision.key == key:
                 slot.response_status = status
                 return
 

@@ -26,6 +26,7 @@ from epp.clock import Clock
 from epp.errors import EppError
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Criticality, EndpointState
+from epp.picker.lifecycle import RequestLife
 from epp.picker.scheduling.types import LLMRequest, SchedulingResult
 
 REQUEST_PREFIXES = ("inference_objective", "inference_model")
@@ -42,11 +43,18 @@ TOKEN_BUCKETS = tuple(float(2**n) for n in range(0, 18))  # 1 .. 131072 tokens
 _Family = TypeVar("_Family", Counter, Gauge, Histogram)
 
 DECISION_BUCKETS_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# Upstream's flow-control queue-duration buckets.
+QUEUE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+QUEUE_LABELS = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
+# Fairness IDs come from a client header: past this many distinct ones, the rest share one label
+# value, so a client cannot grow the metric series without bound.
+MAX_FAIRNESS_LABELS = 100
+OTHER_FAIRNESS_LABEL = "other"
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
-    """What `record_stream` needs from one finished stream; built from a `StreamRecord`."""
+    """What `record_stream` needs from one finished request; built from its `RequestLife`."""
 
     model_name: str  # as the client sent it ("" before the body was read)
     target_model_name: str
@@ -84,8 +92,9 @@ class _Children(Generic[_Family]):
 class EppMetrics:
     """Every metric the EPP exports, registered in `registry`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, pool: str = "") -> None:
         self.registry = registry
+        self._pool = pool
         prefix = REQUEST_PREFIXES[0]
         # Only the first prefix is written; `_PrefixMirror` exports the same series under the others.
         self._request_total = Counter(
@@ -190,6 +199,27 @@ class EppMetrics:
             ("source",),
             registry=registry,
         )
+        self._queue_size = Gauge(
+            "inference_extension_flow_control_queue_size",
+            "Requests waiting in flow control, by flow (fairness ID and priority) and model.",
+            QUEUE_LABELS,
+            registry=registry,
+        )
+        self._queue_bytes = Gauge(
+            "inference_extension_flow_control_queue_bytes",
+            "Request body bytes waiting in flow control, by flow and model.",
+            QUEUE_LABELS,
+            registry=registry,
+        )
+        self._queue_duration = Histogram(
+            "inference_extension_flow_control_request_queue_duration_seconds",
+            "Time a request spent in flow control, from enqueue to its outcome (Dispatched, "
+            "RejectedCapacity, EvictedTTL, EvictedContextCancelled, EvictedNoEndpoints, EvictedOther).",
+            ("fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name"),
+            buckets=QUEUE_BUCKETS_S,
+            registry=registry,
+        )
+        self._fairness_labels: set[str] = set()
         self._total_of = _Children(self._request_total)
         self._errors_of = _Children(self._request_errors)
         self._request_sizes_of = _Children(self._request_sizes)
@@ -248,6 +278,33 @@ class EppMetrics:
 
     def record_shed(self, criticality: Criticality) -> None:
         self._shed.labels(criticality.value).inc()
+
+    # -- flow control ----------------------------------------------------------------------
+
+    def queue_entered(self, life: RequestLife) -> None:
+        labels = self._queue_labels(life)
+        self._queue_size.labels(*labels).inc()
+        self._queue_bytes.labels(*labels).inc(life.outcome.request_body_bytes)
+
+    def queue_left(self, life: RequestLife, outcome: str, now: float) -> None:
+        """`life` left its queue (or was refused at its door: it never counted as queued)."""
+        labels = self._queue_labels(life)
+        fairness_id, priority, pool, model, target = labels
+        if life.queued_at is not None:
+            self._queue_size.labels(*labels).dec()
+            self._queue_bytes.labels(*labels).dec(life.outcome.request_body_bytes)
+        waited = 0.0 if life.queued_at is None else max(0.0, now - life.queued_at)
+        self._queue_duration.labels(fairness_id, priority, outcome, pool, model, target).observe(waited)
+
+    def _queue_labels(self, life: RequestLife) -> tuple[str, str, str, str, str]:
+        fairness_id = life.fairness_id
+        if fairness_id not in self._fairness_labels:
+            if len(self._fairness_labels) < MAX_FAIRNESS_LABELS:
+                self._fairness_labels.add(fairness_id)
+            else:
+                fairness_id = OTHER_FAIRNESS_LABEL
+        model, target = life.models
+        return (fairness_id, str(life.priority), self._pool, model, target)
 
 
 def adapter_hit(request: LLMRequest, result: SchedulingResult) -> bool | None:

@@ -52,7 +52,9 @@ def build_scheduler(
     custom = policy_scheduler(name, state)
     if custom is not None:
         return custom
-    config = load_config(policy_config_text(name))
+    text = policy_config_text(name)
+    assert text is not None  # every policy without a hand-written scheduler is a config
+    config = load_config(text)
     return build_scheduler_from_config(
         config,
         staleness_threshold_s=staleness_threshold_s,

@@ -5,23 +5,44 @@ scorer and picker; one profile and no handler → `single-profile-handler` added
 profile without a picker gets `max-score-picker` (`maxNumOfEndpoints` 1). Unknown
 fields, unknown plugin types, unknown refs and duplicate names are `ConfigError`s that
 say what and where. Weights are floats (v1.4+); integers are accepted too.
+
+The `flowControl` section is read here in full, whether or not the `flowControl` feature gate
+turns it on: a typo fails at start-up either way, not on the day someone flips the gate. What
+it means for the queues (defaults, the capacity gate) is `epp.picker.flowcontrol.config`'s job;
+see there for which upstream keys are applied and which are refused.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import yaml
 
+from epp.durations import parse_duration
 from epp.errors import ConfigError
-from epp.picker.scheduling.plugins import KINDS, PluginKind
+from epp.picker.scheduling.params import Params
+from epp.picker.scheduling.plugins import (
+    DEFAULT_FAIRNESS_POLICY,
+    DEFAULT_ORDERING_POLICY,
+    KINDS,
+    UNSUPPORTED_TYPES,
+    PluginKind,
+    PolicyPlugin,
+    policy_plugin,
+)
 
 API_VERSIONS = frozenset({"inference.networking.x-k8s.io/v1alpha1", "inference.networking.k8s.io/v1alpha1"})
 KIND = "EndpointPickerConfig"
-# Accepted so upstream files load unchanged, but not applied: the EPP's flow control, data layer,
-# request parsers and feature gates are its own.
+FLOW_CONTROL_GATE = "flowControl"
+# Accepted so upstream files load unchanged, but not applied: the EPP's data layer and request
+# parsers are its own. `featureGates` counts when it lists a gate other than `flowControl`;
+# `flowControl` when its gate is off and the section sets more than which saturation detector
+# to use (upstream, too, reads only the detector then).
 IGNORED_SECTIONS = ("featureGates", "dataLayer", "flowControl", "parser")
 _TOP_LEVEL = frozenset(
     {
@@ -36,6 +57,33 @@ _TOP_LEVEL = frozenset(
         "parser",
     }
 )
+
+# `flowControl` keys. Those in _FLOW_CONTROL_REFUSED are upstream's and name something this EPP
+# does not have; they fail with the reason instead of "unknown field".
+_FLOW_CONTROL_KEYS = frozenset(
+    {
+        "maxBytes",
+        "maxRequests",
+        "defaultRequestTTL",
+        "defaultPriorityBand",
+        "defaultNegativePriorityBand",
+        "priorityBands",
+        "saturationDetector",
+        "enableEviction",
+        "noEndpointRequestTTL",
+    }
+)
+_FLOW_CONTROL_REFUSED: Mapping[str, str] = {
+    "usageLimitPolicyPluginRef": (
+        "usage-limit policies are not supported; every band dispatches until the capacity gate"
+        " closes, as upstream's default static policy does"
+    ),
+    "bandSelectionPolicyPluginRef": "band-selection policies are not supported; bands go by priority",
+}
+_BAND_KEYS = frozenset({"priority", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef"})
+_BAND_REFUSED: Mapping[str, str] = {
+    "defaultRequestTTL": "a per-band TTL is not supported; set flowControl.defaultRequestTTL",
+}
 
 # LLMInferenceService `scoringWeights` key → our plugin type.
 SCORING_WEIGHT_PLUGINS: Mapping[str, str] = {
@@ -70,6 +118,28 @@ class ProfileSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityBandSpec:
+    """A `flowControl` band or band template as written; a limit of 0 means upstream's default."""
+
+    max_bytes: int = 0
+    max_requests: int = 0
+    fairness: PolicyPlugin = DEFAULT_FAIRNESS_POLICY
+    ordering: PolicyPlugin = DEFAULT_ORDERING_POLICY
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControlSpec:
+    """The validated `flowControl` section (its detector ref lives in `PickerConfig`); 0: unlimited."""
+
+    max_bytes: int = 0
+    max_requests: int = 0
+    request_ttl_s: float | None = None  # None: unset (upstream: 60 s); 0: no TTL
+    default_band: PriorityBandSpec = PriorityBandSpec()
+    default_negative_band: PriorityBandSpec | None = None  # None: `default_band` serves priorities < 0
+    bands: tuple[tuple[int, PriorityBandSpec], ...] = ()  # (priority, band), as listed
+
+
+@dataclass(frozen=True, slots=True)
 class PickerConfig:
     """A validated, defaulted EndpointPickerConfig."""
 
@@ -77,8 +147,14 @@ class PickerConfig:
     profiles: tuple[ProfileSpec, ...]
     feature_gates: tuple[str, ...] = ()
     saturation_detector_ref: str | None = None
+    flow_control: FlowControlSpec = FlowControlSpec()
     # Top-level sections upstream defines that this EPP accepts and does not apply (logged once).
     ignored: tuple[str, ...] = ()
+
+    @property
+    def flow_control_enabled(self) -> bool:
+        """Whether the `flowControl` feature gate is on: requests queue in the EPP."""
+        return _gate(self.feature_gates, FLOW_CONTROL_GATE)
 
     def plugin(self, name: str) -> PluginSpec:
         for spec in self.plugins:
@@ -111,6 +187,9 @@ class PickerConfig:
             doc["featureGates"] = list(self.feature_gates)
         if self.saturation_detector_ref:
             doc["saturationDetector"] = {"pluginRef": self.saturation_detector_ref}
+        flow_control = _flow_control_yaml(self.flow_control)
+        if flow_control:
+            doc["flowControl"] = flow_control
         return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -170,13 +249,30 @@ def load_config(text: str) -> PickerConfig:
     gates = tuple(
         _string(g, f"featureGates[{i}]") for i, g in enumerate(_list(doc.get("featureGates"), "featureGates"))
     )
-    detector_ref: str | None = None
-    if doc.get("saturationDetector") is not None:
-        detector = _mapping(doc["saturationDetector"], "saturationDetector")
-        _only(detector, frozenset({"pluginRef"}), "saturationDetector")
-        detector_ref = _string(detector.get("pluginRef"), "saturationDetector.pluginRef")
-        if detector_ref not in by_name:
-            raise ConfigError(f"saturationDetector.pluginRef: no plugin named {detector_ref!r}")
+    flow_control_on = _gate(gates, FLOW_CONTROL_GATE)
+    detector_ref = _detector_ref(doc.get("saturationDetector"), "saturationDetector", by_name)
+    flow_control = FlowControlSpec()
+    flow_control_doc = doc.get("flowControl")
+    if flow_control_doc is not None:
+        flow_control_doc = _mapping(flow_control_doc, "flowControl")
+        flow_control = _parse_flow_control(flow_control_doc, by_name)
+        # Newer upstream moved the detector ref into this section; it applies with the gate off too.
+        nested_ref = _detector_ref(
+            flow_control_doc.get("saturationDetector"), "flowControl.saturationDetector", by_name
+        )
+        if nested_ref is not None:
+            if detector_ref is not None and detector_ref != nested_ref:
+                raise ConfigError(
+                    f"flowControl.saturationDetector.pluginRef {nested_ref!r} and"
+                    f" saturationDetector.pluginRef {detector_ref!r} name different detectors; keep one"
+                )
+            detector_ref = nested_ref
+    ignored = {
+        "featureGates": any(_gate_name(g) != FLOW_CONTROL_GATE for g in gates),
+        "dataLayer": bool(doc.get("dataLayer")),
+        "flowControl": not flow_control_on and flow_control != FlowControlSpec(),
+        "parser": bool(doc.get("parser")),
+    }
 
     # Defaulting rules.
     if not profiles:
@@ -218,8 +314,258 @@ def load_config(text: str) -> PickerConfig:
         profiles=tuple(defaulted),
         feature_gates=gates,
         saturation_detector_ref=detector_ref,
-        ignored=tuple(name for name in IGNORED_SECTIONS if doc.get(name)),
+        flow_control=flow_control,
+        ignored=tuple(name for name in IGNORED_SECTIONS if ignored[name]),
     )
+
+
+def _gate_name(gate: str) -> str:
+    return gate.partition("=")[0].strip()
+
+
+def _gate(gates: tuple[str, ...], name: str) -> bool:
+    """Whether `name` is on: listed as `name` or `name=true`; `name=false` (or absent) is off.
+
+    Other gates are accepted and not checked: upstream's gates are its own features, and a file
+    written for it should still load here. Only `name` is held to the `name[=true|false]` form.
+    """
+    state: bool | None = None
+    for i, gate in enumerate(gates):
+        gate_name, has_value, value = gate.partition("=")
+        gate_name = gate_name.strip()
+        if gate_name != name:
+            if gate_name.lower() == name.lower():
+                raise ConfigError(f"featureGates[{i}]: unknown gate {gate_name!r}; did you mean {name!r}?")
+            continue
+        value = value.strip().lower()
+        if has_value and value not in ("true", "false"):
+            raise ConfigError(
+                f"featureGates[{i}]: expected {name!r}, {name}=true or {name}=false, got {gate!r}"
+            )
+        on = not has_value or value == "true"
+        if state is not None and state != on:
+            raise ConfigError(f"featureGates: {name!r} is listed both on and off")
+        state = on
+    return bool(state)
+
+
+def _detector_ref(raw: Any, where: str, by_name: Mapping[str, PluginSpec]) -> str | None:
+    if raw is None:
+        return None
+    detector = _mapping(raw, where)
+    _only(detector, frozenset({"pluginRef"}), where)
+    ref = _string(detector.get("pluginRef"), f"{where}.pluginRef")
+    if ref not in by_name:
+        raise ConfigError(f"{where}.pluginRef: no plugin named {ref!r}")
+    return ref
+
+
+# -- flowControl ------------------------------------------------------------------------------
+
+# A Kubernetes resource.Quantity: a decimal number, then a binary or decimal SI suffix or a
+# decimal exponent ("10Gi", "500M", "1.5k", "1e3"). "m" (milli) is valid but not as a byte count.
+_QUANTITY = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?")
+_SUFFIXES: Mapping[str, Fraction] = {
+    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    **{s: Fraction(1000**i) for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    "m": Fraction(1, 1000),
+}
+_INT64_MAX = 2**63 - 1
+
+
+def parse_quantity(value: Any, where: str) -> int:
+    """A Kubernetes quantity (`10Gi`, `500M`, `1e3`, or a plain number) → a count ≥ 0.
+
+    A fraction rounds up, as upstream's `Quantity.Value()` does; upstream keeps values in an
+    int64, so larger ones are refused rather than wrapped.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{where}: expected a quantity such as 512Mi, 10Gi or 1000, got {value!r}")
+    if isinstance(value, int):
+        amount = Fraction(value)
+    else:
+        match = _QUANTITY.fullmatch(str(value).strip())
+        if match is None:
+            raise ConfigError(f"{where}: expected a quantity such as 512Mi, 10Gi or 1000, got {value!r}")
+        sign, number, exponent, suffix = match.groups()
+        amount = Fraction(number)
+        if exponent is not None:
+            if abs(int(exponent)) > 30:
+                raise ConfigError(f"{where}: quantity {value!r} is out of range")
+            amount *= Fraction(10) ** int(exponent)
+        elif suffix is not None:
+            amount *= _SUFFIXES[suffix]
+        if sign == "-":
+            amount = -amount
+    if amount < 0:
+        raise ConfigError(f"{where}: must not be negative, got {value!r}")
+    count = math.ceil(amount)
+    if count > _INT64_MAX:
+        raise ConfigError(f"{where}: quantity {value!r} is out of range")
+    return count
+
+
+def parse_config_duration(value: Any, where: str) -> float:
+    """A Go duration (`60s`, `1m0s`, `500ms`) or a number of seconds → seconds ≥ 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{where}: expected a duration such as 60s or 500ms, got {value!r}")
+    if isinstance(value, str) and value.strip().startswith("-"):
+        raise ConfigError(f"{where}: must not be negative, got {value!r}")
+    try:
+        seconds = float(value) if not isinstance(value, str) else parse_duration(value)
+    except ValueError as err:  # a DurationError says what is wrong
+        raise ConfigError(f"{where}: {err}") from err
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{where}: expected a finite duration, got {value!r}")
+    if seconds < 0:
+        raise ConfigError(f"{where}: must not be negative, got {value!r}")
+    return seconds
+
+
+def _format_duration(seconds: float) -> str | float:
+    """A Go duration that parses back to exactly `seconds`, else the number itself."""
+    text = f"{seconds:g}s"
+    try:
+        if parse_duration(text) == seconds:
+            return text
+    except ValueError:
+        pass
+    return seconds
+
+
+def _refuse(section: Mapping[str, Any], refused: Mapping[str, str], where: str) -> None:
+    for key, why in refused.items():
+        if key in section:
+            raise ConfigError(f"{where}.{key}: not supported: {why}")
+
+
+def _parse_flow_control(section: Mapping[str, Any], by_name: Mapping[str, PluginSpec]) -> FlowControlSpec:
+    where = "flowControl"
+    _refuse(section, _FLOW_CONTROL_REFUSED, where)
+    _only(section, _FLOW_CONTROL_KEYS, where)
+    eviction = section.get("enableEviction")
+    if eviction is not None and not isinstance(eviction, bool):
+        raise ConfigError(f"{where}.enableEviction: expected true or false, got {eviction!r}")
+    if eviction:
+        raise ConfigError(
+            f"{where}.enableEviction: not supported: a request that has started is never cut off here"
+        )
+    no_endpoint_ttl = section.get("noEndpointRequestTTL")
+    no_endpoint_where = f"{where}.noEndpointRequestTTL"
+    if no_endpoint_ttl is not None and parse_config_duration(no_endpoint_ttl, no_endpoint_where):
+        raise ConfigError(
+            f"{no_endpoint_where}: not supported: with no endpoints a request is answered 503 at once (0s)"
+        )
+    ttl = section.get("defaultRequestTTL")
+    default_band = PriorityBandSpec()
+    if section.get("defaultPriorityBand") is not None:
+        default_band = _parse_band(section["defaultPriorityBand"], f"{where}.defaultPriorityBand", by_name)
+    negative_band: PriorityBandSpec | None = None
+    if section.get("defaultNegativePriorityBand") is not None:
+        negative_band = _parse_band(
+            section["defaultNegativePriorityBand"], f"{where}.defaultNegativePriorityBand", by_name
+        )
+    bands: dict[int, PriorityBandSpec] = {}
+    for i, item in enumerate(_list(section.get("priorityBands"), f"{where}.priorityBands")):
+        band_where = f"{where}.priorityBands[{i}]"
+        entry = _mapping(item, band_where)
+        priority = entry.get("priority")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigError(f"{band_where}.priority: required, an integer; got {priority!r}")
+        band = _parse_band(entry, band_where, by_name)
+        if priority in bands:
+            raise ConfigError(f"{band_where}: duplicate priority level {priority}")
+        bands[priority] = band
+    return FlowControlSpec(
+        max_bytes=_optional_quantity(section, "maxBytes", where),
+        max_requests=_optional_quantity(section, "maxRequests", where),
+        request_ttl_s=None if ttl is None else parse_config_duration(ttl, f"{where}.defaultRequestTTL"),
+        default_band=default_band,
+        default_negative_band=negative_band,
+        bands=tuple(bands.items()),
+    )
+
+
+def _optional_quantity(section: Mapping[str, Any], key: str, where: str) -> int:
+    value = section.get(key)
+    return 0 if value is None else parse_quantity(value, f"{where}.{key}")
+
+
+def _parse_band(raw: Any, where: str, by_name: Mapping[str, PluginSpec]) -> PriorityBandSpec:
+    """One band or template; a template's `priority` is read past (upstream's type has one, unused)."""
+    entry = _mapping(raw, where)
+    _refuse(entry, _BAND_REFUSED, where)
+    _only(entry, _BAND_KEYS, where)
+    fairness, ordering = entry.get("fairnessPolicyRef"), entry.get("orderingPolicyRef")
+    return PriorityBandSpec(
+        max_bytes=_optional_quantity(entry, "maxBytes", where),
+        max_requests=_optional_quantity(entry, "maxRequests", where),
+        fairness=DEFAULT_FAIRNESS_POLICY
+        if fairness is None
+        else _policy(fairness, PluginKind.FAIRNESS_POLICY, f"{where}.fairnessPolicyRef", by_name),
+        ordering=DEFAULT_ORDERING_POLICY
+        if ordering is None
+        else _policy(ordering, PluginKind.ORDERING_POLICY, f"{where}.orderingPolicyRef", by_name),
+    )
+
+
+_POLICY_KINDS = {
+    PluginKind.FAIRNESS_POLICY: "a fairness policy",
+    PluginKind.ORDERING_POLICY: "an ordering policy",
+}
+
+
+def _policy(ref: Any, kind: PluginKind, where: str, by_name: Mapping[str, PluginSpec]) -> PolicyPlugin:
+    """The policy instance `ref` names: a plugin of `plugins:`, else one of the two defaults."""
+    name = _string(ref, where)
+    spec = by_name.get(name)
+    if spec is None:
+        default = {p.name: p for p in (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY)}.get(name)
+        if default is None:
+            raise ConfigError(
+                f"{where}: no plugin named {name!r} in plugins[] (only {DEFAULT_FAIRNESS_POLICY.name} and"
+                f" {DEFAULT_ORDERING_POLICY.name} resolve without being listed)"
+            )
+        if default.kind is not kind:
+            raise ConfigError(f"{where}: plugin {name!r} is not {_POLICY_KINDS[kind]}")
+        return default
+    if spec.kind is not kind:
+        raise ConfigError(f"{where}: plugin {name!r} ({spec.type}) is not {_POLICY_KINDS[kind]}")
+    params = Params(spec.name, spec.parameters)
+    policy = policy_plugin(spec.name, spec.type, params)
+    params.done()
+    return policy
+
+
+def _band_yaml(band: PriorityBandSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if band.max_bytes:
+        out["maxBytes"] = band.max_bytes
+    if band.max_requests:
+        out["maxRequests"] = band.max_requests
+    if band.fairness.name != DEFAULT_FAIRNESS_POLICY.name:
+        out["fairnessPolicyRef"] = band.fairness.name
+    if band.ordering.name != DEFAULT_ORDERING_POLICY.name:
+        out["orderingPolicyRef"] = band.ordering.name
+    return out
+
+
+def _flow_control_yaml(spec: FlowControlSpec) -> dict[str, Any]:
+    """The `flowControl` section that loads back to `spec`; empty when every key is unset."""
+    out: dict[str, Any] = {}
+    if spec.max_bytes:
+        out["maxBytes"] = spec.max_bytes
+    if spec.max_requests:
+        out["maxRequests"] = spec.max_requests
+    if spec.request_ttl_s is not None:
+        out["defaultRequestTTL"] = _format_duration(spec.request_ttl_s)
+    if spec.default_band != PriorityBandSpec():
+        out["defaultPriorityBand"] = _band_yaml(spec.default_band)
+    if spec.default_negative_band is not None:
+        out["defaultNegativePriorityBand"] = _band_yaml(spec.default_negative_band)
+    if spec.bands:
+        out["priorityBands"] = [{"priority": priority, **_band_yaml(band)} for priority, band in spec.bands]
+    return out
 
 
 def _parse_plugins(raw: list[Any]) -> tuple[PluginSpec, ...]:
@@ -230,6 +576,9 @@ def _parse_plugins(raw: list[Any]) -> tuple[PluginSpec, ...]:
         entry = _mapping(item, where)
         _only(entry, frozenset({"name", "type", "parameters"}), where)
         type_name = _string(entry.get("type"), f"{where}.type")
+        if type_name in UNSUPPORTED_TYPES:
+            why = UNSUPPORTED_TYPES[type_name]
+            raise ConfigError(f"{where}: plugin type {type_name!r} is not supported: {why}")
         if type_name not in KINDS:
             raise ConfigError(
                 f"{where}: unknown plugin type {type_name!r} (known: {', '.join(sorted(KINDS))})"
@@ -315,6 +664,24 @@ def weights_from_scoring_weights(mapping: Mapping[str, Any], *, max_endpoints: i
         raise ConfigError("scoringWeights: every weight is 0; at least one must be positive")
     plugins.append(PluginSpec("max-score-picker", "max-score-picker", {"maxNumOfEndpoints": max_endpoints}))
     entries.append(ProfileEntry("max-score-picker"))
-    return load_config(
+    doc = yaml.safe_load(
         PickerConfig(plugins=tuple(plugins), profiles=(ProfileSpec("default", tuple(entries)),)).to_yaml()
     )
+    # Flow control as the `default` policy runs it (epp.picker.scheduling.policies.DEFAULT_CONFIG).
+    doc["featureGates"] = [FLOW_CONTROL_GATE]
+    doc["plugins"] += [{"type": t} for t in DEFAULT_FLOW_CONTROL_PLUGINS]
+    doc["saturationDetector"] = {"pluginRef": "lora-capacity-detector"}
+    doc["flowControl"] = dict(DEFAULT_FLOW_CONTROL_SECTION)
+    return load_config(yaml.safe_dump(doc, sort_keys=False))
+
+
+# What the `default` policy adds for flow control (its DEFAULT_CONFIG spells the same): our
+# per-endpoint slot gate, tenants served by virtual token counter, and a freed slot to the
+# adapter whose waiting requests have waited longest all together.
+DEFAULT_FLOW_CONTROL_PLUGINS = ("lora-capacity-detector", "total-wait-ordering-policy", "vtc-fairness-policy")
+DEFAULT_FLOW_CONTROL_SECTION: Mapping[str, Any] = {
+    "defaultPriorityBand": {
+        "fairnessPolicyRef": "vtc-fairness-policy",
+        "orderingPolicyRef": "total-wait-ordering-policy",
+    }
+}

@@ -19,8 +19,9 @@ from typing import Protocol, runtime_checkable
 
 from epp.errors import EppError, ErrorCode
 from epp.picker.datastore.types import EndpointState, Snapshot
+from epp.picker.scheduling.ledger import BASE_MODEL
 from epp.picker.scheduling.state import SchedulerState
-from epp.picker.scheduling.types import LLMRequest, SchedulingResult
+from epp.picker.scheduling.types import LLMRequest, Scheduler, SchedulingResult
 
 
 @dataclass(slots=True)
@@ -243,19 +244,8 @@ class ProfileScheduler:
         return keep + extra[:room]
 
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
-        primary = result.primary.name
-        adapter = request.target_model
-        state = self.state
-        state.inflight.add(request.request_id, primary, adapter, now)
-        if not is_base_model(request, state, result.endpoints):
-            state.residency.on_routed(primary, adapter, now)
-            state.popularity.record(adapter, now)
         for observer in self._observers:
             observer.on_routed(request, result.primary, now)
-
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
-        routed_to = self.state.inflight.remove(request.request_id)
-        self.state.residency.on_completed(routed_to or endpoint_name)
 
     def _forget(self, snapshot: Snapshot) -> None:
         names = [e.name for e in snapshot.endpoints]
@@ -314,6 +304,15 @@ class _FreshView:
             and candidates is self.candidates
             and self.built_at <= now <= self.valid_until
         )
+
+
+def record_routed(scheduler: Scheduler, request: LLMRequest, result: SchedulingResult, now: float) -> None:
+    """What sending `request` to `result.primary` changes: the scheduler's plugins learn the pick,
+    and its routing ledger counts the request in flight there (under the request's key)."""
+    scheduler.on_routed(request, result, now)
+    state = scheduler.state
+    adapter = BASE_MODEL if is_base_model(request, state, result.endpoints) else request.target_model
+    state.ledger.routed(request.request_id, result.primary.name, adapter, now)
 
 
 def is_base_model(request: LLMRequest, state: SchedulerState, endpoints: Sequence[EndpointState]) -> bool:

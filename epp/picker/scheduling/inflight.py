@@ -8,26 +8,41 @@ than `request_timeout_s` are dropped (a lost completion never leaks), and at mos
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 
-@dataclass(slots=True)
-class _Entry:
+@dataclass(frozen=True, slots=True)
+class Flight:
+    """One request in flight."""
+
+    key: str
     endpoint: str
-    adapter: str
+    adapter: str  # "" for the base model (needs no LoRA slot)
     routed_at: float
+    origin: str = ""  # "" for this process's own requests, else the peer replica that routed it
 
 
 class InflightTracker:
-    """Per-endpoint and per-(endpoint, adapter) in-flight counts, fed by on_routed/on_completed."""
+    """Per-endpoint and per-(endpoint, adapter) in-flight counts, kept by the routing ledger.
 
-    def __init__(self, *, request_timeout_s: float = 600.0, max_tracked: int = 200_000) -> None:
+    `on_drop` hears of every request let go by the bounds (its completion never came).
+    """
+
+    def __init__(
+        self,
+        *,
+        request_timeout_s: float = 600.0,
+        max_tracked: int = 200_000,
+        on_drop: Callable[[Flight, float], None] | None = None,
+    ) -> None:
         if request_timeout_s <= 0 or max_tracked <= 0:
             raise ValueError("request_timeout_s and max_tracked must be positive")
         self._request_timeout_s = request_timeout_s
         self._max_tracked = max_tracked
-        # Insertion order is routing order (callers pass a non-decreasing `now`).
-        self._by_request: dict[str, _Entry] = {}
+        # Insertion order is nearly routing order: a peer's flights arrive back-dated.
+        self._by_request: dict[str, Flight] = {}
+        self.on_drop = on_drop
         self._by_endpoint: dict[str, dict[str, float]] = {}
         self._adapters: dict[str, dict[str, int]] = {}
         self._versions: dict[str, int] = {}  # endpoint -> bumped on every add/remove there
@@ -38,19 +53,26 @@ class InflightTracker:
     def __len__(self) -> int:
         return len(self._by_request)
 
-    def add(self, request_id: str, endpoint: str, adapter: str, now: float) -> None:
+    def __iter__(self) -> Iterator[Flight]:
+        """Every request in flight, oldest first."""
+        return iter(list(self._by_request.values()))
+
+    def add(self, request_id: str, endpoint: str, adapter: str, now: float, *, origin: str = "") -> None:
         """Count `request_id` as in flight on `endpoint` from `now` (a repeated id is moved)."""
         if request_id in self._by_request:
             self.remove(request_id)
         self._expire(now)
-        self._by_request[request_id] = _Entry(endpoint, adapter, now)
+        self._by_request[request_id] = Flight(request_id, endpoint, adapter, now, origin)
         self._by_endpoint.setdefault(endpoint, {})[request_id] = now
         self._versions[endpoint] = self._versions.get(endpoint, 0) + 1
         per_adapter = self._adapters.setdefault(endpoint, {})
         per_adapter[adapter] = per_adapter.get(adapter, 0) + 1
 
-    def remove(self, request_id: str) -> str | None:
-        """Forget `request_id`; returns the endpoint it was counted on, or None if unknown."""
+    def get(self, request_id: str) -> Flight | None:
+        return self._by_request.get(request_id)
+
+    def remove(self, request_id: str) -> Flight | None:
+        """Forget `request_id`; returns what was in flight, or None if unknown."""
         entry = self._by_request.pop(request_id, None)
         if entry is None:
             return None
@@ -69,7 +91,7 @@ class InflightTracker:
                 per_adapter.pop(entry.adapter, None)
                 if not per_adapter:
                     del self._adapters[entry.endpoint]
-        return entry.endpoint
+        return entry
 
     def count(self, endpoint: str) -> int:
         requests = self._by_endpoint.get(endpoint)
@@ -84,13 +106,19 @@ class InflightTracker:
         cached = self._since.get(endpoint)
         if cached is not None and cached[0] == since_s and cached[1] == version:
             return cached[2]
-        n = 0
-        for routed_at in reversed(requests.values()):
-            if routed_at <= since_s:
-                break
-            n += 1
+        # Every entry: a peer's flight arrives back-dated (routed before its batch was sent), so
+        # routing order is not insertion order. Cached until the endpoint changes.
+        n = sum(1 for routed_at in requests.values() if routed_at > since_s)
         self._since[endpoint] = (since_s, version, n)
         return n
+
+    def routed_from(self, endpoint: str, since_s: float) -> int:
+        """In-flight requests routed to `endpoint` at `since_s` or later: what a scrape taken at
+        `since_s` cannot show yet (requests routed in the same instant went after it)."""
+        requests = self._by_endpoint.get(endpoint)
+        if not requests:
+            return 0
+        return sum(1 for routed_at in requests.values() if routed_at >= since_s)
 
     def version(self, endpoint: str) -> int:
         """Changes whenever a request is added to or removed from `endpoint` (for caches)."""
@@ -106,6 +134,17 @@ class InflightTracker:
         per_adapter = self._adapters.get(endpoint)
         return per_adapter.get(adapter, 0) if per_adapter else 0
 
+    def adapters(self, endpoint: str) -> dict[str, int] | None:
+        """Adapter → requests in flight on `endpoint` (the base model as ""); None when idle.
+
+        The caller must not change it."""
+        return self._adapters.get(endpoint)
+
+    def expire(self, now: float) -> None:
+        """Let go of what the bounds drop now (also done at each `add`; callers that route nothing
+        for a while, such as a queue waiting on slots stale entries hold, call it themselves)."""
+        self._expire(now)
+
     def _expire(self, now: float) -> None:
         oldest_allowed = now - self._request_timeout_s
         while self._by_request:
@@ -113,3 +152,5 @@ class InflightTracker:
             if entry.routed_at >= oldest_allowed and len(self._by_request) < self._max_tracked:
                 break
             self.remove(request_id)
+            if self.on_drop is not None:
+                self.on_drop(entry, now)

@@ -3,14 +3,22 @@
 A factory takes the plugin's name, its `Params` and the scheduler's shared state and
 returns the plugin. `KINDS` says what each type is, so config loading can apply the
 defaulting rules before anything is built.
+
+Flow control's fairness and ordering policies are plugins too, as upstream: a `flowControl`
+band names one by instance name. They have kinds of their own so that a profile refuses them
+and a band refuses a plugin of the wrong kind. `policy_plugin` reads one; the loader calls it
+when it resolves a band's refs, so a band holds the policy it runs, not a name to look up later.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from epp.errors import ConfigError
 from epp.picker.scheduling.filters import (
     DecodeFilter,
     HeaderBasedTestingFilter,
@@ -40,6 +48,9 @@ class PluginKind(enum.Enum):
     # Accepted so upstream configs load as-is; the work they name is done elsewhere
     # (metrics refreshers, admission) or built in (the prefix producer).
     OTHER = "other"
+    # Flow control: which flow of a band goes next, and which request of a flow.
+    FAIRNESS_POLICY = "fairness-policy"
+    ORDERING_POLICY = "ordering-policy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +62,22 @@ class OtherPlugin:
     params: dict[str, float | int | bool | str | None]
 
 
-Plugin = Filter | Scorer | Picker | OtherPlugin
+@dataclass(frozen=True, slots=True)
+class PolicyPlugin:
+    """A flow-control fairness or ordering policy instance, as a band runs it."""
+
+    name: str
+    type: str
+    policy: str  # what flow control's queues call it ("global-strict", "vtc", "fcfs", ...)
+    weights: tuple[tuple[str, float], ...] = ()  # vtc: (fairness ID, weight)
+    default_weight: float = 1.0  # vtc: the weight of a fairness ID `weights` does not name
+
+    @property
+    def kind(self) -> PluginKind:
+        return KINDS[self.type]
+
+
+Plugin = Filter | Scorer | Picker | OtherPlugin | PolicyPlugin
 Factory = Callable[[str, Params, SchedulerState], Plugin]
 
 
@@ -142,6 +168,89 @@ def _other(type_name: str) -> Factory:
     return factory
 
 
+# Upstream policy type → flow control's name for it. `total-wait` is ours.
+FAIRNESS_POLICY_TYPES: Mapping[str, str] = {
+    "global-strict-fairness-policy": "global-strict",
+    "round-robin-fairness-policy": "round-robin",
+    "vtc-fairness-policy": "vtc",
+}
+ORDERING_POLICY_TYPES: Mapping[str, str] = {
+    "fcfs-ordering-policy": "fcfs",
+    "edf-ordering-policy": "edf",
+    "total-wait-ordering-policy": "total-wait",
+}
+# The saturation detector whose choice turns on our capacity gate (request headroom and LoRA
+# slots per endpoint) instead of upstream's whole-pool saturation.
+LORA_CAPACITY_DETECTOR = "lora-capacity-detector"
+# Upstream types we know and refuse. Loading one must fail with the reason: an unknown-type
+# error would suggest a typo, and running something else in its place would mislead.
+UNSUPPORTED_TYPES: Mapping[str, str] = {
+    "slo-deadline-ordering-policy": (
+        "this EPP reads no per-request TTFT objective; edf-ordering-policy orders by arrival + TTL"
+    ),
+}
+
+
+def policy_plugin(name: str, type_name: str, p: Params) -> PolicyPlugin:
+    """The policy `type_name` with its parameters read from `p` (the caller calls `p.done()`).
+
+    Only vtc has parameters: `weights` (fairness ID → a positive number) and `defaultWeight`
+    (positive, 1.0). Weights divide a flow's served bytes, so a flow of weight 2 gets twice
+    the bytes of a flow of weight 1 while both are backlogged.
+    """
+    policy = FAIRNESS_POLICY_TYPES.get(type_name) or ORDERING_POLICY_TYPES.get(type_name)
+    if policy is None:
+        raise ConfigError(f"plugin {name!r}: {type_name!r} is not a flow-control policy")
+    if policy != "vtc":
+        return PolicyPlugin(name=name, type=type_name, policy=policy)
+    default_weight = p.number("defaultWeight", 1.0)
+    if not (default_weight > 0 and math.isfinite(default_weight)):
+        raise ConfigError(
+            f"plugin {name!r}: parameter 'defaultWeight' must be a positive number, got {default_weight!r}"
+        )
+    return PolicyPlugin(
+        name=name,
+        type=type_name,
+        policy=policy,
+        weights=_weights(name, p.raw_value("weights")),
+        default_weight=default_weight,
+    )
+
+
+def _weights(name: str, raw: Any) -> tuple[tuple[str, float], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"plugin {name!r}: parameter 'weights' must map fairness IDs to positive numbers, got {raw!r}"
+        )
+    weights: list[tuple[str, float]] = []
+    for flow, weight in raw.items():
+        if not isinstance(flow, str) or not flow:
+            raise ConfigError(
+                f"plugin {name!r}: parameter 'weights': a fairness ID must be a non-empty string"
+                f" (quote it), got {flow!r}"
+            )
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not (weight > 0 and math.isfinite(weight))
+        ):
+            raise ConfigError(
+                f"plugin {name!r}: parameter 'weights': the weight of {flow!r} must be a positive number,"
+                f" got {weight!r}"
+            )
+        weights.append((flow, float(weight)))
+    return tuple(weights)
+
+
+def _policy(type_name: str) -> Factory:
+    def factory(name: str, p: Params, state: SchedulerState) -> Plugin:
+        return policy_plugin(name, type_name, p)
+
+    return factory
+
+
 PLUGINS: dict[str, Factory] = {
     # upstream scorers
     "lora-affinity-scorer": _simple(LoraAffinityScorer),
@@ -173,6 +282,9 @@ PLUGINS: dict[str, Factory] = {
     "core-metrics-extractor": _other("core-metrics-extractor"),
     "utilization-detector": _other("utilization-detector"),
     "saturation-detector": _other("saturation-detector"),
+    LORA_CAPACITY_DETECTOR: _other(LORA_CAPACITY_DETECTOR),
+    # flow control's policies
+    **{t: _policy(t) for t in (*FAIRNESS_POLICY_TYPES, *ORDERING_POLICY_TYPES)},
 }
 
 KINDS: dict[str, PluginKind] = {
@@ -185,6 +297,16 @@ KINDS: dict[str, PluginKind] = {
     "core-metrics-extractor": PluginKind.OTHER,
     "utilization-detector": PluginKind.OTHER,
     "saturation-detector": PluginKind.OTHER,
+    LORA_CAPACITY_DETECTOR: PluginKind.OTHER,
+    **{t: PluginKind.FAIRNESS_POLICY for t in FAIRNESS_POLICY_TYPES},
+    **{t: PluginKind.ORDERING_POLICY for t in ORDERING_POLICY_TYPES},
 }
 
-SATURATION_DETECTOR_TYPES = frozenset({"utilization-detector", "saturation-detector"})
+SATURATION_DETECTOR_TYPES = frozenset({"utilization-detector", "saturation-detector", LORA_CAPACITY_DETECTOR})
+
+# What a band runs when its config names no policy. Upstream creates these two instances under
+# their type names when `plugins:` does not list them, so a ref to either always resolves.
+DEFAULT_FAIRNESS_POLICY = PolicyPlugin(
+    "global-strict-fairness-policy", "global-strict-fairness-policy", "global-strict"
+)
+DEFAULT_ORDERING_POLICY = PolicyPlugin("fcfs-ordering-policy", "fcfs-ordering-policy", "fcfs")

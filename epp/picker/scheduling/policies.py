@@ -1,7 +1,9 @@
 """Named policies: ours (`default`) and the baselines we compare against, all one interface.
 
 - `default`: adapter-affinity 0.50 + kv-cache-match 0.20 + load 0.15 + gpu-headroom 0.15,
-  max-score picker with two fallbacks.
+  max-score picker; flow control on, gated per endpoint on request headroom and LoRA slots
+  (`lora-capacity-detector`), so a request waits in the EPP rather than on a pod without a slot
+  for its adapter, and a freed slot goes to the adapter whose waiting requests it relieves most.
 - `gie-v1`: upstream v1.x default: queue 2, kv-cache-utilization 2, prefix 3, max-score picker.
 - `gie-v0.3`: upstream v0.3.0 criticality decision tree (thresholds: KV 0.8, queue 5 for
   non-critical, 128 for critical, LoRA affinity 0.999), uniform random among survivors.
@@ -33,6 +35,7 @@ POLICY_NAMES: tuple[str, ...] = ("default", "round-robin", "random", "least-queu
 DEFAULT_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
+featureGates: [flowControl]
 plugins:
 - type: adapter-affinity-scorer
 - type: kv-cache-match-scorer
@@ -40,6 +43,12 @@ plugins:
 - type: gpu-headroom-scorer
 - type: max-score-picker
   parameters: {maxNumOfEndpoints: 1}
+- type: lora-capacity-detector
+- type: total-wait-ordering-policy
+- type: vtc-fairness-policy
+saturationDetector: {pluginRef: lora-capacity-detector}
+flowControl:
+  defaultPriorityBand: {fairnessPolicyRef: vtc-fairness-policy, orderingPolicyRef: total-wait-ordering-policy}
 schedulingProfiles:
 - name: default
   plugins:
@@ -70,9 +79,10 @@ schedulingProfiles:
 _CONFIGS = {"default": DEFAULT_CONFIG, "gie-v1": GIE_V1_CONFIG}
 
 
-def policy_config_text(name: str) -> str:
-    """EndpointPickerConfig YAML of a config-defined policy (`default`, `gie-v1`)."""
-    return _CONFIGS[name]
+def policy_config_text(name: str) -> str | None:
+    """EndpointPickerConfig YAML of a config-defined policy (`default`, `gie-v1`); None for the
+    hand-written baselines."""
+    return _CONFIGS.get(name)
 
 
 def policy_scheduler(name: str, state: SchedulerState) -> Scheduler | None:
@@ -89,7 +99,7 @@ def policy_scheduler(name: str, state: SchedulerState) -> Scheduler | None:
 
 
 class _Baseline:
-    """Shared bookkeeping: baselines keep only the in-flight count (least-queue uses it)."""
+    """What every baseline shares: its state (least-queue reads the in-flight counts)."""
 
     name = "baseline"
 
@@ -100,10 +110,7 @@ class _Baseline:
         return SchedulingResult(endpoints=(endpoint,), profile=self.name, reason=reason)
 
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
-        self.state.inflight.add(request.request_id, result.primary.name, request.target_model, now)
-
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
-        self.state.inflight.remove(request.request_id)
+        pass  # no plugin learns from picks; the ledger counts the request in flight
 
 
 def _require(candidates: Sequence[EndpointState]) -> None:

@@ -1,4 +1,4 @@
-"""Active-active EPP replicas that know each other's routing: a scheduler with peers.
+"""Active-active EPP replicas that know each other's routing: the routing ledger, replicated.
 
 Each replica of one pool schedules on its own state. Without help, a replica sees the other
 replicas' requests only through the pods' scrapes: their in-flight requests as counts, up to
@@ -7,16 +7,17 @@ metrics show only adapters with requests). So each replica believes there are fr
 that others have filled, sends new adapters there, and requests wait for slots. Measured in
 `epp bench --epp-replicas 4` on zipf-100: P99 TTFT 2.6× one replica's.
 
-`SharedScheduler` wraps a `ProfileScheduler` and closes that gap with the smallest message
-that does: for every request it routes, (key, endpoint, adapter, age), and for every one
-that finishes, its key. Its peers apply them to their own state, as if they had routed the
-request: in flight on that endpoint, the adapter most recently used there, one more request
-for the adapter's popularity (so every replica plans the same homes). Prompts are not
-shared; prefix-cache affinity stays per replica.
+`PeerReplicator` closes that gap with the smallest message that does: every flight our own
+routing ledger records, (key, endpoint, adapter, age), and every one that finishes, its key.
+Its peers record them in their own ledgers under the sender's id, exactly as their own routing
+would: in flight on that endpoint, the adapter most recently used there, one more request for
+the adapter's popularity (so every replica plans the same homes, and flow control counts the
+same slots taken). Prompts are not shared; prefix-cache affinity stays per replica.
 
 Per peer, outgoing events queue in an `_Outbox` until the transport sends them. A peer's
 first batch, a peer that restarted (a new id in its reply) and a queue that overflowed get a
-reset instead: the whole own in-flight set, after which the peer drops what it held from us.
+reset instead: our whole in-flight set, after which the peer drops what it held from us that
+the reset leaves out (what it repeats still counts once).
 A peer silent for `peer_timeout_s` (the transport sends a batch every interval, empty or
 not) is forgotten with all its requests: a dead replica's requests stop counting, and a
 partitioned one is re-learnt from its reset when it is heard again. Pure: no I/O, time
@@ -28,9 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from epp.picker.datastore.types import EndpointState, Snapshot
-from epp.picker.scheduling.framework import ProfileScheduler, is_base_model
-from epp.picker.scheduling.types import LLMRequest, SchedulingResult
+from epp.picker.scheduling.inflight import Flight
+from epp.picker.scheduling.ledger import RoutingLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +54,14 @@ class _Outbox:
     """Events for one peer since its last batch; starts (and overflows into) a reset."""
 
     reset: bool = True
-    routed: list[tuple[str, str, str, float]] = field(default_factory=list)  # key, endpoint, adapter, at
-    finished: list[str] = field(default_factory=list)
+    routed: list[Flight] = field(default_factory=list)
+    finished: dict[str, None] = field(default_factory=dict)  # keys, in order (a set that keeps it)
     receiver: str = ""  # the peer's process id, from its last reply
 
 
 @dataclass(slots=True)
 class _Peer:
-    """What one sender put into our state, and when we last heard from it."""
+    """What one sender put into our ledger, and when we last heard from it."""
 
     heard_at: float
     keys: set[str] = field(default_factory=set)
@@ -76,57 +76,48 @@ class PeerView:
     heard_s_ago: float
 
 
-class SharedScheduler:
-    """A `ProfileScheduler` whose routing its peers learn of, and that learns of theirs."""
+class PeerReplicator:
+    """Sends our ledger's own flights to the peers and records theirs in it."""
 
     def __init__(
         self,
-        inner: ProfileScheduler,
+        ledger: RoutingLedger,
         *,
+        own_id: str = "",
         peer_timeout_s: float = 5.0,
         max_queued: int = 50_000,
-        request_timeout_s: float = 600.0,
     ) -> None:
-        if peer_timeout_s <= 0 or max_queued < 1 or request_timeout_s <= 0:
-            raise ValueError("peer_timeout_s and request_timeout_s must be positive, max_queued at least 1")
-        self.inner = inner
-        self.name = inner.name
-        self.state = inner.state
+        if peer_timeout_s <= 0 or max_queued < 1:
+            raise ValueError("peer_timeout_s must be positive, max_queued at least 1")
+        self.ledger = ledger
+        self.own_id = own_id  # this replica's id, as its batches name it
         self._peer_timeout_s = peer_timeout_s
         self._max_queued = max_queued
-        self._request_timeout_s = request_timeout_s  # an own request never finished is dropped after this
-        self._own: dict[str, tuple[str, str, float]] = {}  # key -> endpoint, adapter, routed at
         self._outboxes: dict[str, _Outbox] = {}  # peer address -> its queue
-        self._peers: dict[str, _Peer] = {}  # sender id -> what it put into our state
+        self._peers: dict[str, _Peer] = {}  # sender id -> what it put into our ledger
+        ledger.listen(self._on_flight)
 
-    # -- the Scheduler protocol: our own requests ------------------------------------------
+    # -- our own flights, as the ledger records them ----------------------------------------
 
-    def schedule(
-        self, request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
-    ) -> SchedulingResult:
-        return self.inner.schedule(request, candidates, snapshot, now)
-
-    def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
-        self.inner.on_routed(request, result, now)
-        adapter = "" if is_base_model(request, self.state, result.endpoints) else request.target_model
-        key, endpoint = request.request_id, result.primary.name
-        self._own.pop(key, None)  # a repeated id moves to the end, as in the in-flight tracker
-        self._own[key] = (endpoint, adapter, now)
-        self._expire_own(now)
-        for box in self._outboxes.values():
-            if not box.reset:
-                box.routed.append((key, endpoint, adapter, now))
-                self._bound(box)
-
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
-        self.inner.on_completed(request, endpoint_name, now)
-        key = request.request_id
-        if self._own.pop(key, None) is None:
+    def _on_flight(self, flight: Flight, finished: bool, now: float) -> None:
+        if flight.origin:  # a peer's: its sender tells the others itself
+            peer = self._peers.get(flight.origin)
+            if finished and peer is not None:  # e.g. our in-flight bounds let it go
+                peer.keys.discard(flight.key)
             return
         for box in self._outboxes.values():
-            if not box.reset:
-                box.finished.append(key)
-                self._bound(box)
+            if box.reset:
+                continue
+            if finished:
+                box.finished[flight.key] = None
+            else:
+                # Routed again (a move): the peer's ledger moves it too, so the finish that came
+                # first must not reach it; a batch applies its finishes after its routes.
+                box.finished.pop(flight.key, None)
+                box.routed.append(flight)
+            if len(box.routed) + len(box.finished) > self._max_queued:
+                box.reset = True
+                box.routed, box.finished = [], {}
 
     # -- sending: one outbox per peer ------------------------------------------------------
 
@@ -145,13 +136,12 @@ class SharedScheduler:
         """The next batch for the peer at `address` (empty is a heartbeat); its queue restarts."""
         box = self._outboxes.setdefault(address, _Outbox())
         if box.reset:
-            entries = [(key, *value) for key, value in self._own.items()]
-            batch = PeerBatch(sender, True, tuple(_routed(e, now) for e in entries))
+            batch = PeerBatch(sender, True, tuple(_routed(f, now) for f in self.ledger.own()))
         else:
-            batch = PeerBatch(sender, False, tuple(_routed(e, now) for e in box.routed), tuple(box.finished))
+            batch = PeerBatch(sender, False, tuple(_routed(f, now) for f in box.routed), tuple(box.finished))
         box.reset = False
         box.routed = []
-        box.finished = []
+        box.finished = {}
         return batch
 
     def sent(self, address: str, receiver: str) -> None:
@@ -161,7 +151,7 @@ class SharedScheduler:
             return
         if box.receiver and box.receiver != receiver:
             box.reset = True  # it lost what we told it: send everything again
-            box.routed, box.finished = [], []
+            box.routed, box.finished = [], {}
         box.receiver = receiver
 
     def failed(self, address: str) -> None:
@@ -169,51 +159,46 @@ class SharedScheduler:
         box = self._outboxes.get(address)
         if box is not None:
             box.reset = True
-            box.routed, box.finished = [], []
-
-    def _expire_own(self, now: float) -> None:
-        oldest_allowed = now - self._request_timeout_s
-        while self._own:
-            key, (_, _, routed_at) = next(iter(self._own.items()))
-            if routed_at >= oldest_allowed:
-                break
-            del self._own[key]
-
-    def _bound(self, box: _Outbox) -> None:
-        if len(box.routed) + len(box.finished) > self._max_queued:
-            box.reset = True
-            box.routed, box.finished = [], []
+            box.routed, box.finished = [], {}
 
     # -- receiving: what the peers routed --------------------------------------------------
 
     def apply(self, batch: PeerBatch, now: float) -> None:
-        """Fold a peer's batch into our state, as if we had routed its requests ourselves."""
-        state = self.state
+        """Record a peer's batch in our ledger, as if we had routed its requests ourselves.
+
+        A reset finishes what we held from the sender and it no longer has; what it still has
+        where we hold it stays as it is (it was routed once, and counts once).
+        """
+        ledger = self.ledger
         peer = self._peers.get(batch.sender)
         if peer is None:
             peer = self._peers[batch.sender] = _Peer(heard_at=now)
         peer.heard_at = now
         if batch.reset:
-            self._drop(peer)
+            still = {f"{batch.sender}/{routed.key}" for routed in batch.routed}
+            for key in [k for k in peer.keys if k not in still]:
+                peer.keys.discard(key)
+                ledger.finished(key, now)
         for routed in batch.routed:
             key = f"{batch.sender}/{routed.key}"
+            if batch.reset and key in peer.keys:
+                held = ledger.inflight.get(key)
+                if held is not None and (held.endpoint, held.adapter) == (routed.endpoint, routed.adapter):
+                    continue
             at = now - max(0.0, routed.age_s)
-            state.inflight.add(key, routed.endpoint, routed.adapter, at)
+            ledger.routed(key, routed.endpoint, routed.adapter, at, origin=batch.sender)
             peer.keys.add(key)
-            if routed.adapter:
-                state.residency.on_routed(routed.endpoint, routed.adapter, at)
-                state.popularity.record(routed.adapter, at)
         for finished in batch.finished:
             key = f"{batch.sender}/{finished}"
             if key in peer.keys:
                 peer.keys.discard(key)
-                self._finish(key)
+                ledger.finished(key, now)
 
     def expire(self, now: float) -> list[str]:
         """Forget peers not heard from for `peer_timeout_s`, and their requests; returns their ids."""
         gone = [sender for sender, peer in self._peers.items() if now - peer.heard_at > self._peer_timeout_s]
         for sender in gone:
-            self._drop(self._peers.pop(sender))
+            self._drop(self._peers.pop(sender), now)
         return gone
 
     def peer_views(self, now: float) -> list[PeerView]:
@@ -222,17 +207,11 @@ class SharedScheduler:
             for sender, peer in sorted(self._peers.items())
         ]
 
-    def _drop(self, peer: _Peer) -> None:
-        for key in peer.keys:
-            self._finish(key)
+    def _drop(self, peer: _Peer, now: float) -> None:
+        for key in list(peer.keys):  # each finish also leaves `peer.keys`, through `_on_flight`
+            self.ledger.finished(key, now)
         peer.keys.clear()
 
-    def _finish(self, key: str) -> None:
-        routed_to = self.state.inflight.remove(key)
-        if routed_to is not None:
-            self.state.residency.on_completed(routed_to)
 
-
-def _routed(entry: tuple[str, str, str, float], now: float) -> PeerRouted:
-    key, endpoint, adapter, at = entry
-    return PeerRouted(key, endpoint, adapter, max(0.0, now - at))
+def _routed(flight: Flight, now: float) -> PeerRouted:
+    return PeerRouted(flight.key, flight.endpoint, flight.adapter, max(0.0, now - flight.routed_at))

@@ -1,4 +1,5 @@
-"""State a scheduler keeps between decisions: in-flight requests, residency, popularity, plan, randomness.
+"""State a scheduler keeps between decisions: the routing ledger (in flight, residency, popularity),
+the placement plan, randomness.
 
 One `SchedulerState` per scheduler; every plugin of that scheduler shares it. All of it
 is bounded (see each part) and advanced only by the caller's `now`.
@@ -10,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.ledger import RoutingLedger
 from epp.picker.scheduling.plan import HomePlan
 from epp.picker.scheduling.popularity import AdapterPopularity
 from epp.picker.scheduling.residency import ResidencyModel
@@ -23,6 +25,8 @@ class SchedulerState:
     popularity: AdapterPopularity = field(default_factory=AdapterPopularity)
     plan: HomePlan = field(default_factory=HomePlan)
     residency: ResidencyModel = field(init=False)
+    # Every change routing makes to `inflight`, `residency` and `popularity` goes through it.
+    ledger: RoutingLedger = field(init=False)
     base_models: frozenset[str] = frozenset()  # names that are the base model, not an adapter
     # The pool's endpoint names as of the last snapshot, one tuple until the pool changes: the
     # placement plan ranks pods over the pool, not over one request's (filtered, sampled) candidates.
@@ -30,6 +34,7 @@ class SchedulerState:
 
     def __post_init__(self) -> None:
         self.residency = ResidencyModel(self.inflight)
+        self.ledger = RoutingLedger(self.inflight, self.residency, self.popularity)
 
     @classmethod
     def create(cls, *, seed: int | None, staleness_threshold_s: float) -> SchedulerState:

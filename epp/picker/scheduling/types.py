@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from epp.picker.context import RequestContext
 from epp.picker.datastore.types import Criticality, EndpointState, Snapshot
+from epp.picker.scheduling.state import SchedulerState
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -21,7 +21,7 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 class LLMRequest:
     """One inference request after model resolution, as the scheduler and admission see it."""
 
-    request_id: str
+    request_id: str  # the request's key: unique in this process (see `epp.picker.lifecycle`)
     incoming_model: str  # body `model` as the client sent it ("" when there is no body)
     target_model: str  # after rewrite header / InferenceModel split: what the model server serves
     criticality: Criticality = Criticality.STANDARD
@@ -31,8 +31,6 @@ class LLMRequest:
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
     body_size: int = 0
     arrival_s: float = 0.0  # Clock time the request arrived
-    # Where observers note what they decide about this request (see `epp.picker.context`).
-    context: RequestContext = field(default_factory=RequestContext, compare=False, repr=False)
 
     @property
     def sheddable(self) -> bool:
@@ -64,13 +62,12 @@ class Scheduler(Protocol):
     """
 
     name: str
+    state: SchedulerState  # its routing ledger counts what the director routes and finishes
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
     ) -> SchedulingResult: ...
 
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
-        """The request was sent to `result.primary` (update residency, prefix index, in-flight)."""
-
-    def on_completed(self, request: LLMRequest, endpoint_name: str, now: float) -> None:
-        """The request finished on `endpoint_name` (served endpoint when known)."""
+        """The request was sent to `result.primary`: plugins that learn from picks (the prefix index)
+        learn it. In-flight counts, residency and popularity are the ledger's (`state.ledger`)."""

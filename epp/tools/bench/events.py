@@ -11,6 +11,7 @@ loop.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import random
@@ -19,20 +20,24 @@ from dataclasses import dataclass
 
 from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
+from epp.picker import wire
 from epp.picker.admission import Admission
 from epp.picker.datastore.store import Datastore
-from epp.picker.datastore.types import InferenceModel, PodInfo, Pool
-from epp.picker.director import Director, RoutingDecision
+from epp.picker.datastore.types import InferenceModel, InferenceObjective, PodInfo, Pool
+from epp.picker.director import Director, admit_all
+from epp.picker.flowcontrol.settings import PUMP_INTERVAL_S
+from epp.picker.lifecycle import Ending, KeyMint, RequestLife, Stage
 from epp.picker.scheduling.framework import ProfileScheduler
-from epp.picker.scheduling.shared import SharedScheduler
+from epp.picker.scheduling.shared import PeerReplicator
 from epp.picker.scheduling.types import Scheduler
 from epp.tools.bench.model import PodConfig, PodCounters, PodProfile, SimPod, SimRequest
-from epp.tools.bench.policies import make_admission, make_scheduler
+from epp.tools.bench.policies import make_admission, make_flow_control, make_scheduler
 from epp.tools.bench.workload import prompt_text
 
 _STEP_END = 0
 _SCRAPE = 1
 _PEER_BATCH = 2
+_QUEUE_TICK = 3  # flow control's timer, as `epp serve`'s (PUMP_INTERVAL_S)
 POD_PORT = 8000
 NAMESPACE = "bench"
 POD_LABELS = {"app": "vllm"}
@@ -52,6 +57,10 @@ class Fleet:
     # Replicas tell each other what they route (`SharedScheduler`), one batch per peer every interval.
     epp_peers: bool = True
     peer_interval_s: float = 0.1
+    # Flow control as each policy runs it in `epp serve` (on for `default`); False: never queue.
+    flow_control: bool = True
+    # The pool's InferenceObjectives: the priorities requests select by header.
+    objectives: tuple[InferenceObjective, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +85,16 @@ def pod_info(index: int) -> PodInfo:
     )
 
 
+def request_headers(request: SimRequest) -> dict[str, str]:
+    """The headers a client would send: its tenant's fairness ID and its objective, when it has them."""
+    headers = {}
+    if request.tenant:
+        headers[wire.FAIRNESS_ID_HEADER] = request.tenant
+    if request.objective:
+        headers[wire.OBJECTIVE_HEADER] = request.objective
+    return headers
+
+
 def request_body(request: SimRequest, base_model: str) -> bytes:
     """The completions request a client would send for this workload entry."""
     return json.dumps(
@@ -93,7 +112,7 @@ class _Epp:
 
     datastore: Datastore
     director: Director
-    shared: SharedScheduler | None = None  # with peers: the scheduler that exchanges batches
+    peers: PeerReplicator | None = None  # with peers: what exchanges this replica's flights
 
 
 class _Run:
@@ -109,8 +128,9 @@ class _Run:
         self.index_by_name = {pod.name: i for i, pod in enumerate(self.pods)}
         self.events: list[tuple[float, int, int, int, int]] = []  # (time, order, kind, pod, EPP replica)
         self.order = 0
-        self.in_flight: dict[int, tuple[_Epp, RoutingDecision]] = {}
+        self.in_flight: dict[int, RequestLife] = {}
         self.arrivals = 0
+        self._ending = -1  # the pod whose step end is being handled
         self.steps = 0
         self.scrapes = 0
         # Each EPP scrapes each pod at its own phase, as independent refresh loops drift apart.
@@ -120,8 +140,10 @@ class _Run:
                 self._push(
                     fleet.scrape_interval_s * ((i + 0.5) / pods + r / (replicas * pods)), _SCRAPE, i, r
                 )
-            if epps[r].shared is not None:
+            if epps[r].peers is not None:
                 self._push(fleet.peer_interval_s * (r + 1) / replicas, _PEER_BATCH, 0, r)
+            if epps[r].director.flow is not None:
+                self._push(PUMP_INTERVAL_S * (r + 1) / replicas, _QUEUE_TICK, 0, r)
 
     def _push(self, at: float, kind: int, pod_index: int, replica: int = 0) -> None:
         heapq.heappush(self.events, (at, self.order, kind, pod_index, replica))
@@ -132,31 +154,60 @@ class _Run:
 
     def arrive(self, request: SimRequest, now: float) -> None:
         """Route one request through the next EPP replica (round robin, as the gateway spreads streams
-        over the EPP Service); a shed request is marked, not served."""
+        over the EPP Service). It starts on its pod now or once flow control dispatches it; a refused
+        request is marked, not served."""
         self._advance(now)
         epp = self.epps[self.arrivals % len(self.epps)]
         self.arrivals += 1
-        base_model = self.fleet.config.served_model_name
+        life = epp.director.mint(f"r{request.index}")
+        life.waiter = functools.partial(self._left_queue, request)
         try:
-            decision = epp.director.route(
-                request_id=f"r{request.index}",
-                headers={},
-                body=request_body(request, base_model),
-                arrival_s=now,
+            epp.director.arrive(
+                life,
+                headers=request_headers(request),
+                body=request_body(request, self.fleet.config.served_model_name),
             )
         except EppError as exc:
-            if exc.code is not ErrorCode.RESOURCE_EXHAUSTED:
-                raise
-            request.rejected = True
+            self._refused(request, life, exc)
             return
+        if life.stage is Stage.DISPATCHED:
+            life.waiter = None
+            self._start(request, life)
+
+    def _left_queue(self, request: SimRequest, life: RequestLife) -> None:
+        if life.error is not None:
+            self._refused(request, life, life.error)
+        else:
+            self._start(request, life)
+
+    def _refused(self, request: SimRequest, life: RequestLife, error: EppError) -> None:
+        if error.code not in (ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.SERVICE_UNAVAILABLE):
+            raise error
+        request.rejected = True
+        request.refused_status = error.http_status
+        request.refused_s = self.clock.now()
+        life.refuse(error)
+        life.finish(Ending.REFUSED, self.clock.now())
+
+    def _start(self, request: SimRequest, life: RequestLife) -> None:
+        """`life` was dispatched: its pod takes the request now."""
+        decision = life.decision
+        assert decision is not None
         target = decision.request.target_model
-        request.adapter = "" if target == base_model else target
+        request.adapter = "" if target == self.fleet.config.served_model_name else target
+        request.dispatched_s = self.clock.now()
         pod_index = self.index_by_name[decision.primary.name]
         pod = self.pods[pod_index]
         pod.enqueue(request)
-        self.in_flight[request.index] = (epp, decision)
-        if not pod.busy:
-            self.start_step(pod_index, now)
+        self.in_flight[request.index] = life
+        if not pod.busy and pod_index != self._ending:
+            self.start_step(pod_index, self.clock.now())
+
+    def busy(self) -> bool:
+        """Requests still on a pod or waiting in some replica's queue."""
+        return bool(self.in_flight) or any(
+            epp.director.flow is not None and epp.director.flow.queues for epp in self.epps
+        )
 
     def start_step(self, pod_index: int, at: float) -> None:
         duration = self.pods[pod_index].begin_step(at)
@@ -169,27 +220,35 @@ class _Run:
         self._advance(now)
         if kind == _STEP_END:
             self.steps += 1
+            self._ending = i  # requests dispatched as these finish wait for its next step, begun below
             for done in self.pods[i].end_step(now):
-                epp, decision = self.in_flight.pop(done.index)
-                epp.director.complete(decision, served_address=None, status=200)
+                life = self.in_flight.pop(done.index)
+                life.outcome.status = 200
+                life.finish(Ending.RESPONSE, now)
+            self._ending = -1
             self.start_step(i, now)
         elif kind == _SCRAPE:
             self.scrapes += 1
-            self.epps[replica].datastore.update_metrics(self.pods[i].name, self.pods[i].metrics(now))
+            epp = self.epps[replica]
+            epp.datastore.update_metrics(self.pods[i].name, self.pods[i].metrics(now))
             self._push(now + self.fleet.scrape_interval_s, _SCRAPE, i, replica)
-        else:
+        elif kind == _PEER_BATCH:
             self._send_batches(replica, now)
             self._push(now + self.fleet.peer_interval_s, _PEER_BATCH, 0, replica)
+        else:
+            self.epps[replica].director.pump()
+            self._push(now + PUMP_INTERVAL_S, _QUEUE_TICK, 0, replica)
 
     def _send_batches(self, replica: int, now: float) -> None:
         """Replica `replica`'s batch to each peer, delivered at once (loopback-fast next to the interval)."""
-        sender = self.epps[replica].shared
+        sender = self.epps[replica].peers
         assert sender is not None
         for r, peer in enumerate(self.epps):
-            if r != replica and peer.shared is not None:
-                peer.shared.apply(sender.drain(f"epp-{r}", f"epp-{replica}", now), now)
+            if r != replica and peer.peers is not None:
+                peer.peers.apply(sender.drain(f"epp-{r}", f"epp-{replica}", now), now)
                 sender.sent(f"epp-{r}", f"epp-{r}")
-                peer.shared.expire(now)
+                peer.peers.expire(now)
+                peer.director.pump()
 
 
 def bench_datastore(fleet: Fleet, clock: FakeClock) -> Datastore:
@@ -199,6 +258,7 @@ def bench_datastore(fleet: Fleet, clock: FakeClock) -> Datastore:
     datastore.set_pool(pool)
     datastore.replace_pods(pod_info(i) for i in range(fleet.replicas))
     datastore.replace_models(fleet.models)
+    datastore.replace_objectives(fleet.objectives)
     return datastore
 
 
@@ -225,18 +285,22 @@ def simulate(
     for r in range(fleet.epp_replicas):
         datastore = bench_datastore(fleet, clock)
         chosen = scheduler if scheduler is not None else make_scheduler(policy, seed + r)
-        shared = None
+        peers = None
+        flow = make_flow_control(policy, chosen.state) if fleet.flow_control else None
         if fleet.epp_replicas > 1 and fleet.epp_peers and isinstance(chosen, ProfileScheduler):
-            chosen = shared = SharedScheduler(chosen)
-            shared.set_peers([f"epp-{p}" for p in range(fleet.epp_replicas) if p != r])
+            peers = PeerReplicator(chosen.state.ledger, own_id=f"epp-{r}")
+            peers.set_peers([f"epp-{p}" for p in range(fleet.epp_replicas) if p != r])
         director = Director(
             datastore,
             chosen,
-            admit=(admission if admission is not None else make_admission()).admit,
+            # With flow control, requests queue instead of being shed up front (as upstream's newer EPP).
+            admit=admit_all if flow is not None else (admission or make_admission()).admit,
+            flow=flow,
             clock=clock,
             rng=random.Random(seed + r),
+            keys=KeyMint(f"epp-{r}"),
         )
-        epps.append(_Epp(datastore, director, shared))
+        epps.append(_Epp(datastore, director, peers))
     run = _Run(fleet, epps, clock)
     arrivals_end = requests[-1].arrival_s if requests else 0.0
     stop_at = arrivals_end + drain_limit_s
@@ -247,7 +311,7 @@ def simulate(
         run.arrive(request, request.arrival_s)
         if progress is not None and n % report_every == 0:
             progress(min(1.0, request.arrival_s / max(arrivals_end, 1e-9)))
-    while run.in_flight and run.events and run.events[0][0] <= stop_at:
+    while run.busy() and run.events and run.events[0][0] <= stop_at:
         run.next_event()
     if progress is not None:
         progress(1.0)

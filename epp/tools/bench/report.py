@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from epp.tools.bench.runner import BenchResult, PolicySummary, cdf_points
+from epp.tools.bench.scenario import Scenario
+from epp.tools.bench.workload import Tenants
 
 BASELINE = "round-robin"
 OURS = "default"
@@ -94,10 +96,34 @@ def results_document(result: BenchResult, *, command: str) -> dict[str, Any]:
             "slo_target_goodput": sc.slo.target_goodput,
             "epp_replicas": sc.epp_replicas,
             "epp_peers": sc.epp_peers,
+            "tenants": _tenants_json(sc.workload.tenants),
+            "flood": _flood_json(sc),
+            "priorities": [
+                {"objective": c.objective, "priority": c.priority, "share": c.share}
+                for c in sc.workload.priorities
+            ],
         },
         "swaps_floor_per_1k": result.swaps_floor_per_1k,
         "policies": {name: summary.as_json() for name, summary in result.summaries.items()},
         "comparisons": comparisons(result),
+    }
+
+
+def _tenants_json(tenants: Tenants | None) -> dict[str, Any] | None:
+    if tenants is None:
+        return None
+    return {"by": "adapter"} if tenants.by_adapter else {"count": tenants.count}
+
+
+def _flood_json(sc: Scenario) -> dict[str, Any] | None:
+    flood = sc.workload.flood
+    if flood is None:
+        return None
+    return {
+        "adapter": sc.workload.flood_adapter,
+        "factor": flood.factor,
+        "at_s": flood.at_s,
+        "duration_s": flood.duration_s,
     }
 
 
@@ -158,17 +184,112 @@ def _fmt_vs_floor(summary: PolicySummary) -> str:
     return "-" if summary.swaps_per_1k == 0 else "∞"
 
 
-def format_table(result: BenchResult) -> str:
-    header = [name for name, _ in _COLUMNS]
-    widths = [max(w, len(h)) for (h, w) in _COLUMNS]
-    rows = table_rows(result)
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]], min_widths: Sequence[int]) -> list[str]:
+    widths = [max(w, len(h)) for h, w in zip(header, min_widths, strict=True)]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return lines
+
+
+def format_table(result: BenchResult) -> str:
+    lines = _text_table([n for n, _ in _COLUMNS], table_rows(result), [w for _, w in _COLUMNS])
     lines += _comparison_lines(result)
+    for header, rows in flow_tables(result):
+        lines += ["", *_text_table(header, rows, [len(h) for h in header])]
+    legend = flow_legend(result)
+    if legend:
+        lines += ["", *legend]
     return "\n".join(lines)
+
+
+# -- flow control: queue wait, refusals, priorities, tenants -------------------------------
+
+
+def _fmt_share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def flow_tables(result: BenchResult) -> list[tuple[list[str], list[list[str]]]]:
+    """The tables under the main one: flow control per policy, then per priority and per tenant
+    group when the scenario has them; each is (header, rows)."""
+    workload = result.scenario.workload
+    summaries = result.summaries
+    tables: list[tuple[list[str], list[list[str]]]] = []
+    header = ["policy", "queue p50", "queue p99", "429s", "503s"]
+    rows = [
+        [
+            name,
+            _fmt_s(s.queue_wait_p50_s),
+            _fmt_s(s.queue_wait_p99_s),
+            str(s.refused_429),
+            str(s.refused_503),
+        ]
+        for name, s in summaries.items()
+    ]
+    if workload.tenants is not None:
+        header.append("jain")
+        for row, s in zip(rows, summaries.values(), strict=True):
+            row.append("-" if s.jain_fairness is None else f"{s.jain_fairness:.3f}")
+    tables.append((header, rows))
+    if workload.priorities:
+        header = ["policy"]
+        for c in sorted(workload.priorities, key=lambda c: -c.priority):
+            tag = f"{c.objective} ({c.priority})"
+            header += [f"{tag} p99", "goodput", "refused"]
+        rows = []
+        for name, s in summaries.items():
+            row = [name]
+            for figures in s.by_priority:
+                row += [_fmt_s(figures.ttft_p99_s), _fmt_share(figures.slo_goodput), str(figures.refused)]
+            rows.append(row)
+        tables.append((header, rows))
+    if workload.flood is not None:
+        header = ["policy", "steady p99", "no flood", "flood/no-flood", "flooding p99"]
+        rows = [
+            [
+                name,
+                _fmt_s(s.steady_ttft_p99_s),
+                _fmt_s(s.steady_ttft_p99_no_flood_s),
+                _fmt_ratio(s.steady_flood_ratio),
+                _fmt_s(s.flooding_ttft_p99_s),
+            ]
+            for name, s in summaries.items()
+        ]
+        tables.append((header, rows))
+    return tables
+
+
+def flow_legend(result: BenchResult) -> list[str]:
+    """What the flow-control figures mean (under their tables)."""
+    workload = result.scenario.workload
+    slo = result.scenario.slo.ttft_s
+    lines = [
+        "queue p50/p99: wait in the EPP's flow-control queues over measured requests (0 when never queued; "
+        "a 503 counts its TTL, a request still queued at the end ∞); 429s/503s: requests the EPP refused",
+    ]
+    if workload.priorities:
+        lines.append(
+            f"per objective: P99 TTFT over its served requests; goodput: the share of its measured requests "
+            f"(refused ones included) with TTFT ≤ {slo:g}s; refused: its 429s and 503s"
+        )
+    if workload.tenants is not None:
+        lines.append(
+            "jain: Jain's fairness index over tenants' goodput x (each tenant's share of its measured "
+            f"requests with TTFT ≤ {slo:g}s): (Σx)² / (n·Σx²), 1 = every tenant alike, "
+            "1/n = one tenant gets it all"
+        )
+    flood = workload.flood
+    if flood is not None:
+        lines.append(
+            f"flood: {workload.flood_adapter} at {flood.factor:g}× its rate from {flood.at_s:g}s for "
+            f"{flood.duration_s:g}s; steady = the requests for every other adapter, "
+            f"flooding = {workload.flood_adapter}'s; no flood = the steady requests' P99 in a run of the "
+            "same scenario without the flood (target ≤ 1.5x)"
+        )
+    return lines
 
 
 def _comparison_lines(result: BenchResult) -> list[str]:
@@ -242,6 +363,13 @@ def markdown_report(result: BenchResult, *, command: str, plots: Sequence[str]) 
     ]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(result)]
     lines += ["", *(f"- {line.strip()}" for line in _comparison_lines(result)), ""]
+    for table_header, rows in flow_tables(result):
+        lines += ["| " + " | ".join(table_header) + " |", "|" + "---|" * len(table_header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines.append("")
+    legend = flow_legend(result)
+    if legend:
+        lines += [*(f"- {line}" for line in legend), ""]
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 

@@ -2,6 +2,23 @@
 
 Figures are taken over requests that arrived after the scenario's warm-up; a request that
 never got a first token counts as missing the SLO and as an infinite latency in percentiles.
+
+Flow-control figures (every scenario; requests queue in the EPP under `default` only):
+
+- EPP queue wait: dispatched − arrival for a request sent to a pod (0 when it never queued), 0
+  for one refused on arrival (429), the queue's TTL for one answered 503 when its TTL ran out,
+  infinite for one still queued when the run stopped. P50/P99 over every measured request.
+- 429s and 503s: measured requests the EPP refused with that status (both count as `rejected`).
+- Per priority (scenarios with `priorities:`), for each objective: P99 TTFT over its served
+  requests and its goodput (the share of its measured requests, refused ones included, whose TTFT
+  met the SLO).
+- Per tenant (scenarios with `tenants:`): each tenant's goodput as above, and Jain's fairness
+  index over tenants' goodputs: J = (Σ xᵢ)² / (n · Σ xᵢ²) for the n tenants with measured
+  requests; 1 when every tenant fares alike, 1/n when one gets everything (1 when all are 0).
+- Flood (scenarios with `flood:`): P99 TTFT of the steady tenants (every request not for the
+  flooding adapter) and of the flooding tenant (its requests, normal and extra), and the steady
+  tenants' P99 TTFT in a run of the same scenario without the flood (same seed, same steady
+  requests), and their ratio.
 """
 
 from __future__ import annotations
@@ -13,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from epp.picker.datastore.types import InferenceModel, TargetModel
+from epp.picker.datastore.types import InferenceModel, InferenceObjective, TargetModel
 from epp.tools.bench import floors, workload
 from epp.tools.bench.events import NAMESPACE, POOL_NAME, Fleet, RunResult, simulate
 from epp.tools.bench.model import SimRequest
@@ -21,6 +38,29 @@ from epp.tools.bench.scenario import Scenario
 
 # (policy, what, fraction done of that part) for a progress bar
 ProgressSink = Callable[[str, str, float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityFigures:
+    """One objective's requests under one policy."""
+
+    objective: str
+    priority: int
+    requests: int  # measured
+    ttft_p99_s: float  # over its served requests
+    slo_goodput: float  # its measured requests that met the SLO
+    refused: int  # 429s and 503s
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFigures:
+    """One tenant's (fairness ID's) requests under one policy."""
+
+    tenant: str
+    requests: int
+    ttft_p99_s: float
+    slo_goodput: float
+    refused: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +85,44 @@ class PolicySummary:
     swaps_vs_floor: float | None = None  # swaps_per_1k ÷ swaps_floor_per_1k; None when the floor is 0
     ttft_floor_p50_s: float = math.nan  # the same policy with unlimited slots and free adapter loads
     ttft_floor_p99_s: float = math.nan
+    queue_wait_p50_s: float = 0.0  # in the EPP's flow-control queues (see the module docstring)
+    queue_wait_p99_s: float = 0.0
+    refused_429: int = 0
+    refused_503: int = 0
+    by_priority: tuple[PriorityFigures, ...] = ()  # per objective, highest priority first
+    by_tenant: tuple[TenantFigures, ...] = ()  # per tenant, by name
+    jain_fairness: float | None = None  # over tenants' goodput; None without tenants
+    steady_ttft_p99_s: float = math.nan  # flood: every request not for the flooding adapter
+    flooding_ttft_p99_s: float = math.nan  # flood: the flooding adapter's requests
+    steady_ttft_p99_no_flood_s: float = math.nan  # flood: the steady ones in the run without it
     ttft_samples_s: tuple[float, ...] = field(default=(), repr=False)  # sorted, for CDF plots
     e2e_samples_s: tuple[float, ...] = field(default=(), repr=False)
     swap_times_s: tuple[float, ...] = field(default=(), repr=False)  # arrivals that swapped, in order
 
+    @property
+    def steady_flood_ratio(self) -> float | None:
+        """Steady tenants' P99 TTFT with the flood ÷ without it; None when either is not finite."""
+        flood, calm = self.steady_ttft_p99_s, self.steady_ttft_p99_no_flood_s
+        if not (math.isfinite(flood) and math.isfinite(calm)) or calm <= 0:
+            return None
+        return flood / calm
+
     def as_json(self) -> dict[str, object]:
         data = dataclasses.asdict(self)
         del data["ttft_samples_s"], data["e2e_samples_s"], data["swap_times_s"], data["policy"]
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+        data["steady_flood_ratio"] = self.steady_flood_ratio
+        return {k: _json_value(v) for k, v in data.items()}
+
+
+def _json_value(value: object) -> object:
+    """Non-finite floats as None, inside lists and mappings too (JSON has no inf or NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -67,7 +137,47 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return a + (b - a) * (rank - low)
 
 
-def summarize(result: RunResult, *, warmup_s: float, slo_ttft_s: float) -> PolicySummary:
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (Σ x)² / (n · Σ x²): 1 when all are equal, 1/n when one has it all.
+
+    Empty or all-zero inputs are equal shares: 1.
+    """
+    squares = sum(v * v for v in values)
+    if not values or squares == 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * squares)
+
+
+def queue_wait_s(request: SimRequest) -> float:
+    """How long `request` waited in the EPP's queues (see the module docstring)."""
+    if request.dispatched_s is not None:
+        return max(0.0, request.dispatched_s - request.arrival_s)
+    if request.refused_s is not None:
+        return max(0.0, request.refused_s - request.arrival_s)  # refused on arrival, or from its queue
+    return math.inf  # still waiting when the run stopped
+
+
+def _ttft(request: SimRequest) -> float:
+    return request.ttft_s if request.ttft_s is not None else math.inf
+
+
+def _group_figures(group: Sequence[SimRequest], slo_ttft_s: float) -> tuple[float, float, int]:
+    """(P99 TTFT over the served, goodput over all, refused) of a group of measured requests."""
+    served = sorted(_ttft(r) for r in group if not r.rejected)
+    met = sum(1 for t in served if t <= slo_ttft_s)
+    return _percentile(served, 99), (met / len(group) if group else 0.0), len(group) - len(served)
+
+
+def summarize(
+    result: RunResult,
+    *,
+    warmup_s: float,
+    slo_ttft_s: float,
+    priorities: Sequence[workload.PriorityClass] = (),
+    flooding: frozenset[int] | None = None,
+) -> PolicySummary:
+    """The figures of one run. `priorities`: the scenario's objectives (per-priority figures);
+    `flooding`: the indices of the flooding adapter's requests (flood figures)."""
     measured = [r for r in result.requests if r.arrival_s >= warmup_s]
     served = [r for r in measured if not r.rejected]
     with_adapter = [r for r in served if r.adapter]
@@ -79,6 +189,24 @@ def summarize(result: RunResult, *, warmup_s: float, slo_ttft_s: float) -> Polic
     finished = [r for r in served if r.finish_s is not None]
     window_s = max(1e-9, result.arrivals_end_s - warmup_s)
     n = len(measured)
+    waits = sorted(queue_wait_s(r) for r in measured)
+    by_priority = []
+    for c in sorted(priorities, key=lambda c: -c.priority):
+        group = [r for r in measured if r.objective == c.objective]
+        p99, goodput, refused = _group_figures(group, slo_ttft_s)
+        by_priority.append(PriorityFigures(c.objective, c.priority, len(group), p99, goodput, refused))
+    tenants: dict[str, list[SimRequest]] = {}
+    for r in measured:
+        if r.tenant:
+            tenants.setdefault(r.tenant, []).append(r)
+    by_tenant = []
+    for name in sorted(tenants):
+        p99, goodput, refused = _group_figures(tenants[name], slo_ttft_s)
+        by_tenant.append(TenantFigures(name, len(tenants[name]), p99, goodput, refused))
+    steady_p99 = flooding_p99 = math.nan
+    if flooding is not None:
+        steady_p99 = _group_figures([r for r in measured if r.index not in flooding], slo_ttft_s)[0]
+        flooding_p99 = _group_figures([r for r in measured if r.index in flooding], slo_ttft_s)[0]
     return PolicySummary(
         policy=result.policy,
         requests=n,
@@ -99,6 +227,15 @@ def summarize(result: RunResult, *, warmup_s: float, slo_ttft_s: float) -> Polic
         e2e_p99_s=_percentile(e2es, 99),
         throughput_rps=len(finished) / window_s,
         slo_goodput=sum(1 for t in ttfts if t <= slo_ttft_s) / n if n else 0.0,
+        queue_wait_p50_s=_percentile(waits, 50) if waits else 0.0,
+        queue_wait_p99_s=_percentile(waits, 99) if waits else 0.0,
+        refused_429=sum(1 for r in measured if r.refused_status == 429),
+        refused_503=sum(1 for r in measured if r.refused_status == 503),
+        by_priority=tuple(by_priority),
+        by_tenant=tuple(by_tenant),
+        jain_fairness=jain_index([t.slo_goodput for t in by_tenant]) if by_tenant else None,
+        steady_ttft_p99_s=steady_p99,
+        flooding_ttft_p99_s=flooding_p99,
         ttft_samples_s=tuple(ttfts),
         e2e_samples_s=tuple(e2es),
         swap_times_s=tuple(sorted(r.arrival_s for r in served if r.caused_swap)),
@@ -114,6 +251,43 @@ def fleet_for(scenario: Scenario, replicas: int | None = None) -> Fleet:
         models=inference_models(scenario),
         epp_replicas=scenario.epp_replicas,
         epp_peers=scenario.epp_peers,
+        objectives=inference_objectives(scenario),
+    )
+
+
+def inference_objectives(scenario: Scenario) -> tuple[InferenceObjective, ...]:
+    """The scenario's priority mix as the pool's InferenceObjectives."""
+    return tuple(
+        InferenceObjective(name=c.objective, namespace=NAMESPACE, pool_name=POOL_NAME, priority=c.priority)
+        for c in scenario.workload.priorities
+    )
+
+
+def adapter_indices(scenario: Scenario, adapter: str) -> frozenset[int]:
+    """The indices of the scenario's requests for `adapter`, as generated (before a split rewrote
+    their model)."""
+    return frozenset(
+        r.index for r in workload.generate(scenario.workload, scenario.seed) if r.adapter == adapter
+    )
+
+
+def without_flood(scenario: Scenario) -> Scenario:
+    """The same scenario with no flood: the same steady requests, the flooding adapter at its normal rate."""
+    return dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, flood=None))
+
+
+def summarize_scenario(
+    scenario: Scenario, result: RunResult, *, flood_adapter: str | None = None
+) -> PolicySummary:
+    """`summarize` with the scenario's warm-up, SLO, objectives and flood (`flood_adapter`: whose
+    requests are the flooding tenant's; default: the scenario's flood's)."""
+    name = flood_adapter if flood_adapter is not None else scenario.workload.flood_adapter
+    return summarize(
+        result,
+        warmup_s=scenario.warmup_s,
+        slo_ttft_s=scenario.slo.ttft_s,
+        priorities=scenario.workload.priorities,
+        flooding=None if name is None else adapter_indices(scenario, name),
     )
 
 
@@ -239,7 +413,7 @@ def run_bench(
             floor_times = floor_swap_times(scenario, run.requests)
             floor_per_1k = per_1k_measured(scenario, run.requests, len(floor_times))
         summary = with_floors(
-            summarize(run, warmup_s=scenario.warmup_s, slo_ttft_s=scenario.slo.ttft_s),
+            summarize_scenario(scenario, run),
             swaps_floor_per_1k(scenario, run.requests, served_only=True),
             summarize(
                 run_policy(unconstrained(scenario), policy),
@@ -247,6 +421,15 @@ def run_bench(
                 slo_ttft_s=scenario.slo.ttft_s,
             ),
         )
+        flood_adapter = scenario.workload.flood_adapter
+        if flood_adapter is not None:
+            if progress is not None:
+                progress(policy, "no-flood run", 0.0)
+            calm = without_flood(scenario)
+            calm_summary = summarize_scenario(calm, run_policy(calm, policy), flood_adapter=flood_adapter)
+            summary = dataclasses.replace(summary, steady_ttft_p99_no_flood_s=calm_summary.steady_ttft_p99_s)
+            if progress is not None:
+                progress(policy, "no-flood run", 1.0)
         if search_replicas:
             if progress is not None:
                 progress(policy, "replica search", 0.0)

@@ -8,6 +8,7 @@ otherwise silently benchmark the wrong thing).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -38,6 +39,9 @@ _TOP_KEYS = {
     "splits",
     "epp_replicas",
     "epp_peers",
+    "tenants",
+    "flood",
+    "priorities",
 }
 
 # client model name → ((target model, weight), ...): an InferenceModel's weighted targets
@@ -106,6 +110,11 @@ class Scenario:
             except (ValueError, OSError) as exc:
                 raise ConfigError(str(exc)) from exc
             spec = dataclasses.replace(spec, trace=rows)
+        if spec.flood is not None:
+            try:
+                check_flood(spec.flood, spec)
+            except ValueError as exc:
+                raise ConfigError(f"with these overrides, {exc}") from exc
         config = self.pod_config
         if max_loras is not None:
             if max_loras < 1:
@@ -242,7 +251,10 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         trace_time_scale=float(arrivals.get("time_scale", 1.0)),
         shift=_shift(adapters.get("shift"), count),
         diurnal=_diurnal(arrivals.get("diurnal")),
+        tenants=_tenants(document.get("tenants")),
+        priorities=_priorities(document.get("priorities")),
     )
+    spec = dataclasses.replace(spec, flood=_flood(document.get("flood"), spec))
     if spec.diurnal is not None and spec.trace is not None:
         raise ValueError("arrivals.diurnal shapes generated arrivals; a trace brings its own")
     if spec.rate_rps <= 0 or spec.arrival_cv <= 0 or spec.trace_time_scale <= 0:
@@ -309,6 +321,112 @@ def _diurnal(value: Any) -> workload.DiurnalSwing | None:
     if swing.period_s <= 0 or not 0 <= swing.amplitude < 1:
         raise ValueError("arrivals.diurnal: period_s > 0 and 0 ≤ amplitude < 1")
     return swing
+
+
+def _number(value: Any, where: str) -> float:
+    """A YAML number (not a bool, not a string), finite."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a number, not {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where} must be an integer, not {value!r}")
+    return value
+
+
+def _tenants(value: Any) -> workload.Tenants | None:
+    """`tenants: {by: adapter}` or `tenants: {count: N}`."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or len(value) != 1 or not set(value) <= {"by", "count"}:
+        raise ValueError("tenants must be {by: adapter} or {count: N}")
+    if "by" in value:
+        if value["by"] != "adapter":
+            raise ValueError(f"tenants.by must be adapter, not {value['by']!r}")
+        return workload.Tenants(by_adapter=True)
+    count = _integer(value["count"], "tenants.count")
+    if count < 1:
+        raise ValueError("tenants.count must be at least 1")
+    return workload.Tenants(count=count)
+
+
+_FLOOD_KEYS = {"adapter", "factor", "at_s", "duration_s"}
+
+
+def _flood(value: Any, spec: workload.WorkloadSpec) -> workload.Flood | None:
+    """`flood: {adapter: 3 | adapter-003, factor: 10, at_s: 120, duration_s: 60}`."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != _FLOOD_KEYS:
+        raise ValueError(
+            "flood must be {adapter: index or name, factor: ×rate, at_s: seconds, duration_s: seconds}"
+        )
+    adapter = value["adapter"]
+    if isinstance(adapter, str):
+        if adapter not in spec.adapters:
+            raise ValueError(
+                f"flood.adapter: {adapter!r} is not one of the workload's adapters ({spec.adapters[0]} …)"
+            )
+        index = spec.adapters.index(adapter)
+    else:
+        index = _integer(adapter, "flood.adapter")
+        if not 0 <= index < len(spec.adapters):
+            raise ValueError(f"flood.adapter: index {index} is outside 0..{len(spec.adapters) - 1}")
+    flood = workload.Flood(
+        adapter=index,
+        factor=_number(value["factor"], "flood.factor"),
+        at_s=_number(value["at_s"], "flood.at_s"),
+        duration_s=_number(value["duration_s"], "flood.duration_s"),
+    )
+    check_flood(flood, spec)
+    return flood
+
+
+def check_flood(flood: workload.Flood, spec: workload.WorkloadSpec) -> None:
+    """ValueError when `flood` does not fit `spec` (also after overrides changed it)."""
+    if flood.factor < 1:
+        raise ValueError("flood.factor must be at least 1 (the adapter's rate is multiplied by it)")
+    if flood.at_s < 0 or flood.duration_s <= 0:
+        raise ValueError("flood: at_s ≥ 0 and duration_s > 0")
+    if not 0 <= flood.adapter < len(spec.adapters):
+        raise ValueError(
+            f"flood.adapter: index {flood.adapter} is outside the workload's {len(spec.adapters)} adapters"
+        )
+    if flood.at_s >= spec.duration_s:
+        raise ValueError(
+            f"flood.at_s ({flood.at_s:g}) must be before the end of the run ({spec.duration_s:g} s)"
+        )
+    if spec.shift is not None and flood.at_s < spec.shift.at_s < flood.end_s:
+        raise ValueError("flood: the window must not straddle adapters.shift.at_s (whose rate would it be?)")
+
+
+def _priorities(value: Any) -> tuple[workload.PriorityClass, ...]:
+    """`priorities: [{objective: critical, priority: 10, share: 0.2}, …]`, shares summing to 1."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ValueError("priorities must be a non-empty list of {objective, priority, share}")
+    classes = []
+    for i, entry in enumerate(value):
+        where = f"priorities[{i}]"
+        if not isinstance(entry, Mapping) or set(entry) != {"objective", "priority", "share"}:
+            raise ValueError(f"{where} must be {{objective: name, priority: integer, share: 0..1}}")
+        name = entry["objective"]
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}.objective must be a non-empty name")
+        share = _number(entry["share"], f"{where}.share")
+        if not 0 < share <= 1:
+            raise ValueError(f"{where}.share must be in (0, 1]")
+        classes.append(workload.PriorityClass(name, _integer(entry["priority"], f"{where}.priority"), share))
+    names = [c.objective for c in classes]
+    if len(set(names)) != len(names):
+        raise ValueError("priorities: an objective is named twice")
+    total = sum(c.share for c in classes)
+    if not math.isclose(total, 1.0, abs_tol=1e-6):
+        raise ValueError(f"priorities: shares must sum to 1 (they sum to {total:g})")
+    return tuple(classes)
 
 
 def _splits(value: Any, adapters: tuple[str, ...]) -> Splits:

@@ -1,7 +1,11 @@
-"""Workloads: adapter popularity (uniform, Zipf, tiers), Gamma arrivals and trace replay.
+"""Workloads: adapter popularity (uniform, Zipf, tiers), Gamma arrivals and trace replay, and who
+sends them: tenants (fairness IDs), a tenant's flood, a priority mix (InferenceObjectives).
 
-Everything is drawn from one `numpy.random.Generator` seeded by the caller, so a seed fixes
-the whole request list.
+Everything is drawn from generators seeded by the caller, so a seed fixes the whole request list.
+The base stream (arrivals, lengths, adapters) comes from one generator; each addition (the
+flood's extra arrivals, the tenants, the objectives) from its own, derived from the same seed. So
+adding any of them leaves the base stream as it was: a scenario without them gives the same list
+it always did, and a flood run and its no-flood twin share every steady request.
 """
 
 from __future__ import annotations
@@ -129,6 +133,55 @@ class WorkloadSpec:
     max_prompt_tokens: int = 16_384
     shift: PopularityShift | None = None  # the popular adapters change mid-run
     diurnal: DiurnalSwing | None = None  # the arrival rate swings around rate_rps
+    tenants: Tenants | None = None  # who sends each request (its fairness ID); None: nobody says
+    flood: Flood | None = None  # one adapter's requests arrive `factor` times as fast for a while
+    priorities: tuple[PriorityClass, ...] = ()  # the objectives requests name, by share; (): none
+
+    @property
+    def flood_adapter(self) -> str | None:
+        """The adapter whose requests flood, or None without a flood."""
+        return None if self.flood is None else self.adapters[self.flood.adapter]
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """How requests get a fairness ID: `by_adapter` (each adapter is its tenant, the base model
+    "base"), or one of `count` tenants (`tenant-00` …) drawn uniformly per request."""
+
+    by_adapter: bool = False
+    count: int = 0
+
+    def names(self) -> tuple[str, ...]:
+        """The tenants a `count` draw picks from (empty for `by_adapter`)."""
+        width = max(2, len(str(self.count - 1)))
+        return tuple(f"tenant-{i:0{width}d}" for i in range(self.count))
+
+
+BASE_TENANT = "base"  # the fairness ID of base-model requests when tenants are by adapter
+
+
+@dataclass(frozen=True, slots=True)
+class Flood:
+    """From `at_s` for `duration_s`, adapter `adapter` (an index) gets `factor` × its normal rate:
+    extra Poisson arrivals at (factor − 1) × that rate, merged into the stream."""
+
+    adapter: int
+    factor: float
+    at_s: float
+    duration_s: float
+
+    @property
+    def end_s(self) -> float:
+        return self.at_s + self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """An InferenceObjective and the share of requests that name it."""
+
+    objective: str
+    priority: int
+    share: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +206,25 @@ class DiurnalSwing:
         )
 
 
+# Streams of the additions, each its own generator derived from the seed (see the module docstring).
+_FLOOD_STREAM = 1
+_TENANT_STREAM = 2
+_PRIORITY_STREAM = 3
+
+
 def generate(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     """The request list, sorted by arrival; the same spec and seed give the same list."""
+    requests = _base_requests(spec, seed)
+    if spec.flood is not None:
+        requests = _with_flood(spec, spec.flood, requests, np.random.default_rng([seed, _FLOOD_STREAM]))
+    if spec.tenants is not None:
+        _draw_tenants(spec.tenants, requests, np.random.default_rng([seed, _TENANT_STREAM]))
+    if spec.priorities:
+        _draw_objectives(spec.priorities, requests, np.random.default_rng([seed, _PRIORITY_STREAM]))
+    return requests
+
+
+def _base_requests(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     rng = np.random.default_rng(seed)
     if spec.trace is not None:
         rows = [r for r in spec.trace if r.offset_s / spec.trace_time_scale < spec.duration_s]
@@ -181,20 +251,92 @@ def generate(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     requests: list[SimRequest] = []
     for i in range(n):
         adapter = "" if is_base[i] else spec.adapters[int(picks[i])]
-        prefix = spec.system_prompt_tokens
-        prompt = min(spec.max_prompt_tokens, int(prompts[i]) + prefix)
-        requests.append(
-            SimRequest(
-                index=i,
-                arrival_s=float(arrivals[i]),
-                adapter=adapter,
-                prompt_tokens=prompt,
-                output_tokens=int(outputs[i]),
-                prefix_key=f"system:{adapter or 'base'}" if prefix else "",
-                prefix_tokens=prefix,
-            )
-        )
+        requests.append(_request(spec, i, float(arrivals[i]), adapter, int(prompts[i]), int(outputs[i])))
     return requests
+
+
+def _request(
+    spec: WorkloadSpec, index: int, arrival_s: float, adapter: str, prompt: int, output: int
+) -> SimRequest:
+    prefix = spec.system_prompt_tokens
+    return SimRequest(
+        index=index,
+        arrival_s=arrival_s,
+        adapter=adapter,
+        prompt_tokens=min(spec.max_prompt_tokens, prompt + prefix),
+        output_tokens=output,
+        prefix_key=f"system:{adapter or 'base'}" if prefix else "",
+        prefix_tokens=prefix,
+    )
+
+
+def normal_rate_rps(spec: WorkloadSpec, adapter: int, at_s: float) -> float:
+    """Adapter `adapter`'s mean arrival rate at `at_s` without a flood.
+
+    Generated arrivals: `rate_rps` (a diurnal swing's mean) × its share; a trace: the trace's mean
+    rate over the run × its share. Its share is its popularity as a popularity shift has it at
+    `at_s`, of the requests that name an adapter.
+    """
+    if spec.trace is not None:
+        rows = sum(1 for r in spec.trace if r.offset_s / spec.trace_time_scale < spec.duration_s)
+        rate = rows / spec.duration_s
+    else:
+        rate = spec.rate_rps
+    index = adapter
+    if spec.shift is not None and at_s >= spec.shift.at_s:
+        index = (adapter - spec.shift.rotate) % len(spec.adapters)
+    return rate * (1.0 - spec.base_fraction) * float(spec.popularity[index])
+
+
+def flood_arrivals(spec: WorkloadSpec, flood: Flood, rng: np.random.Generator) -> np.ndarray:
+    """The flood's extra arrival times: Poisson at (factor − 1) × the adapter's normal rate, within
+    the window and the run."""
+    extra = (flood.factor - 1.0) * normal_rate_rps(spec, flood.adapter, flood.at_s)
+    end = min(flood.end_s, spec.duration_s)
+    if extra <= 0 or end <= flood.at_s:
+        return np.array([])
+    return flood.at_s + gamma_arrivals(rng, extra, 1.0, end - flood.at_s)
+
+
+def _with_flood(
+    spec: WorkloadSpec, flood: Flood, requests: list[SimRequest], rng: np.random.Generator
+) -> list[SimRequest]:
+    """`requests` with the flood's arrivals merged in, every request re-indexed in arrival order."""
+    times = flood_arrivals(spec, flood, rng)
+    if times.size == 0:
+        return requests
+    prompts = rng.integers(spec.prompt_tokens[0], spec.prompt_tokens[1] + 1, size=times.size)
+    outputs = rng.integers(spec.output_tokens[0], spec.output_tokens[1] + 1, size=times.size)
+    adapter = spec.adapters[flood.adapter]
+    extra = [
+        _request(spec, 0, float(t), adapter, int(p), int(o))
+        for t, p, o in zip(times, prompts, outputs, strict=True)
+    ]
+    # Stable: a base request and a flood request at the same instant keep base-first order.
+    merged = sorted([*requests, *extra], key=lambda r: r.arrival_s)
+    for i, request in enumerate(merged):
+        request.index = i
+    return merged
+
+
+def _draw_tenants(tenants: Tenants, requests: list[SimRequest], rng: np.random.Generator) -> None:
+    if tenants.by_adapter:
+        for request in requests:
+            request.tenant = request.adapter or BASE_TENANT
+        return
+    names = tenants.names()
+    picks = rng.integers(0, len(names), size=len(requests))
+    for request, pick in zip(requests, picks, strict=True):
+        request.tenant = names[int(pick)]
+
+
+def _draw_objectives(
+    classes: Sequence[PriorityClass], requests: list[SimRequest], rng: np.random.Generator
+) -> None:
+    shares = np.array([c.share for c in classes], dtype=float)
+    picks = rng.choice(len(classes), size=len(requests), p=shares / shares.sum())
+    for request, pick in zip(requests, picks, strict=True):
+        request.objective = classes[int(pick)].objective
 
 
 _CHARS_PER_TOKEN = 4  # the prefix scorer's own approximation

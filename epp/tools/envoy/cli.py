@@ -97,10 +97,31 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="a pod endpoint for the pool's cluster (repeatable; replaces the pool file's pods)",
     )
-    parser.add_argument("--stream-idle-timeout", type=parse_duration, default=30.0, help="default 30s")
-    parser.add_argument("--route-timeout", type=parse_duration, default=300.0, help="default 300s")
+    defaults = EnvoyOptions()
     parser.add_argument(
-        "--message-timeout", type=parse_duration, default=1.0, help="BUFFERED only; default 1s"
+        "--stream-idle-timeout",
+        type=parse_duration,
+        default=defaults.stream_idle_timeout_s,
+        help=f"default {defaults.stream_idle_timeout_s:g}s; keep it above the EPP's queue TTL",
+    )
+    parser.add_argument(
+        "--route-timeout",
+        type=parse_duration,
+        default=defaults.route_timeout_s,
+        help=f"default {defaults.route_timeout_s:g}s",
+    )
+    parser.add_argument(
+        "--message-timeout",
+        type=parse_duration,
+        default=defaults.message_timeout_s,
+        help=f"BUFFERED only; default {defaults.message_timeout_s:g}s",
+    )
+    parser.add_argument(
+        "--max-message-timeout",
+        type=parse_duration,
+        default=defaults.max_message_timeout_s,
+        help="BUFFERED only: the longest the EPP may extend one message's timeout while its request "
+        f"waits in a queue or for an adapter load; default {defaults.max_message_timeout_s:g}s",
     )
     parser.add_argument("--output", "-o", type=pathlib.Path, help="write here instead of stdout")
 
@@ -147,6 +168,7 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
         failure_mode=failure_mode,
         pool_endpoints=tuple(endpoints),
         stream_idle_timeout_s=args.stream_idle_timeout,
+        max_message_timeout_s=args.max_message_timeout,
         route_timeout_s=args.route_timeout,
         message_timeout_s=args.message_timeout,
     )

@@ -172,9 +172,14 @@ class EnvoyOptions:
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
     # The pool's pods: the FailOpen fallback and the round-robin mode's cluster.
     pool_endpoints: tuple[HostPort, ...] = ()
-    stream_idle_timeout_s: float = 30.0
+    # Longer than a request may wait in the EPP's flow-control queue (its TTL, 60 s by default):
+    # while it waits, no byte moves on its stream.
+    stream_idle_timeout_s: float = 120.0
     route_timeout_s: float = 300.0
     message_timeout_s: float = 1.0  # BUFFERED only; Envoy ignores it in FULL_DUPLEX_STREAMED
+    # BUFFERED only: how far the EPP may extend one message's timeout while its request waits in
+    # the flow-control queue or for an adapter load (it asks for its TTL and a margin, 90 s).
+    max_message_timeout_s: float = 120.0
     upstream_connect_timeout_s: float = 1.0
     per_connection_buffer_limit_bytes: int = 8 << 20  # BUFFERED bodies above it get 413
     health_check_interval_s: float = 1.0
@@ -414,6 +419,7 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             # local reply mapper, instead of Envoy's default empty 500.
             "status_on_error": {"code": "ServiceUnavailable"},
             "message_timeout": _duration(options.message_timeout_s),
+            "max_message_timeout": _duration(options.max_message_timeout_s),
             "processing_mode": processing_mode,
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
             # Re-route after every header mutation the EPP sends: in BUFFERED the pick comes on

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import enum
 import heapq
+import itertools
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,10 +110,12 @@ class VllmPod:
         self.rules = rules
         self.lora = LoraSlots(config.max_loras, config.max_cpu_loras, rules.host_tier)
         self.prefix_cache = PrefixCache()
-        # Waiting requests, held twice so admission never rescans skipped ones: in arrival order
-        # (a heap on the request index, its entries dropped lazily once admitted) and per adapter
+        # Waiting requests, held twice so admission never rescans skipped ones: in the order they
+        # reached this pod (a heap on their arrival number here, entries dropped lazily once
+        # admitted; a router that queues requests may send them out of their clients' order) and per adapter
         # (exact: an adapter with nothing waiting has no queue).
         self._waiting_heap: list[tuple[int, SimRequest]] = []
+        self._arrivals = itertools.count()
         self._queues: dict[str, deque[SimRequest]] = {}
         self._waiting_count = 0
         self._prefilling: list[SimRequest] = []
@@ -155,7 +158,8 @@ class VllmPod:
         self._waiting_count += 1
         if self._waiting_count > self._max_waiting:
             self._max_waiting = self._waiting_count
-        heapq.heappush(self._waiting_heap, (request.index, request))
+        request.queue_seq = next(self._arrivals)
+        heapq.heappush(self._waiting_heap, (request.queue_seq, request))
         queue = self._queues.get(adapter)
         if queue is None:
             self._queues[adapter] = queue = deque()
@@ -353,7 +357,7 @@ class VllmPod:
             if request is None:
                 reached = -2  # every waiting request was reached
                 break
-            reached = request.index
+            reached = request.queue_seq
             if self.kv_reserved_tokens + request.kv_tokens > capacity:
                 break  # no KV for the next request in order: admission stops here
             self._dequeue(request)
@@ -406,8 +410,8 @@ class VllmPod:
             return self._waiting_count
         count = 0
         for adapter, queue in self._queues.items():
-            if adapter and adapter not in scheduled and queue[0].index < reached:
-                count += bisect.bisect_left(queue, reached, key=_index)
+            if adapter and adapter not in scheduled and queue[0].queue_seq < reached:
+                count += bisect.bisect_left(queue, reached, key=_queue_seq)
         return count
 
     def _count_load(self, request: SimRequest, activation: Activation) -> None:
@@ -431,7 +435,7 @@ class VllmPod:
         queues = self._queues
         for adapter in (*scheduled, ""):
             queue = queues.get(adapter)
-            if queue is not None and (best is None or queue[0].index < best.index):
+            if queue is not None and (best is None or queue[0].queue_seq < best.queue_seq):
                 best = queue[0]
         return best
 
@@ -461,5 +465,5 @@ class VllmPod:
             self.prefix_cache.trim(self.kv_capacity_tokens - self.kv_reserved_tokens)
 
 
-def _index(request: SimRequest) -> int:
-    return request.index
+def _queue_seq(request: SimRequest) -> int:
+    return request.queue_seq

@@ -25,10 +25,12 @@ class SimRequest:
         "arrival_s",
         "cached_tokens",
         "caused_swap",
+        "dispatched_s",
         "finish_s",
         "first_token_s",
         "first_token_step",
         "index",
+        "objective",
         "output_tokens",
         "pod",
         "prefill_remaining",
@@ -37,9 +39,13 @@ class SimRequest:
         "prefix_segments",
         "prefix_tokens",
         "prompt_tokens",
+        "queue_seq",
         "queued",
+        "refused_s",
+        "refused_status",
         "rejected",
         "slot_blocked",
+        "tenant",
     )
 
     def __init__(
@@ -54,6 +60,8 @@ class SimRequest:
         *,
         prefix_segments: Sequence[Segment] | None = None,
         prefix_reusable: int | None = None,
+        tenant: str = "",
+        objective: str = "",
     ) -> None:
         self.index = index
         self.arrival_s = arrival_s
@@ -66,7 +74,13 @@ class SimRequest:
             prefix_segments = shared_prefix_segments(prefix_key, self.prefix_tokens)
         self.prefix_segments = tuple(prefix_segments)
         self.prefix_reusable = len(self.prefix_segments) if prefix_reusable is None else prefix_reusable
+        self.tenant = tenant  # the client's fairness ID ("": none sent)
+        self.objective = objective  # the InferenceObjective it names ("": none)
         self.pod = ""
+        self.dispatched_s: float | None = None  # when the router sent it to its pod (after any queueing)
+        self.refused_status: int | None = None  # the router's error status when it was refused
+        self.refused_s: float | None = None  # when the router refused it
+        self.queue_seq = 0  # its place in its pod's arrival order (vLLM's FIFO)
         self.adapter_hit = False  # adapter resident in a GPU slot of its pod when it arrived
         self.adapter_loaded = False  # its admission loaded its adapter into a GPU slot
         self.caused_swap = False  # that load evicted another adapter from a GPU slot

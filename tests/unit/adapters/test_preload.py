@@ -14,7 +14,7 @@ from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics
 from epp.picker.scheduling.build import build_scheduler_from_config
 from epp.picker.scheduling.config import load_config
-from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.framework import ProfileScheduler, record_routed
 from epp.picker.scheduling.policies import policy_config_text
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest
@@ -113,14 +113,16 @@ def _route(scheduler: ProfileScheduler, store: Datastore, adapter: str, now: flo
     request = LLMRequest(request_id=f"{adapter}-{now}", incoming_model=adapter, target_model=adapter)
     snapshot = store.snapshot()
     result = scheduler.schedule(request, snapshot.endpoints, snapshot, now)
-    scheduler.on_routed(request, result, now)
+    record_routed(
+        scheduler, request, result, now
+    )  # as the director does: plugins learn it, the ledger counts it
     return result.primary.address
 
 
 async def test_planned_strategy_loads_adapters_seen_on_their_planned_homes_only() -> None:
-    scheduler = build_scheduler_from_config(
-        load_config(policy_config_text("default")), seed=1, name="default"
-    )
+    text = policy_config_text("default")
+    assert text is not None
+    scheduler = build_scheduler_from_config(load_config(text), seed=1, name="default")
     assert isinstance(scheduler, ProfileScheduler)
     planned = Catalog(dict(ALL.paths), "planned")
     clock, store, pods, _, preloader = setup(planned, scheduler=scheduler.state)

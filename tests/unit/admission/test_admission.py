@@ -102,6 +102,21 @@ def test_critical_never_shed_before_sheddable(pool: str) -> None:
     assert shed(Criticality.CRITICAL) <= shed(Criticality.STANDARD) <= shed(Criticality.SHEDDABLE)
 
 
+@pytest.mark.parametrize(("priority", "shed"), [(10, False), (0, True)], ids=["priority-10", "priority-0"])
+def test_an_objective_above_the_default_priority_is_never_shed(priority: int, shed: bool) -> None:
+    """Upstream's legacy admission sheds only priority < 0; a positive objective is kept like Critical."""
+    candidates = _pool("overloaded")
+    request = LLMRequest(
+        request_id="r", incoming_model="m", target_model="m", priority=priority, objective="chat"
+    )
+    admit = build_admission().admit
+    if shed:
+        with pytest.raises(EppError):
+            admit(request, candidates, snapshot_of(candidates, NOW), NOW)
+    else:
+        admit(request, candidates, snapshot_of(candidates, NOW), NOW)
+
+
 def test_thresholds_and_staleness_from_config() -> None:
     config = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 
-from epp.tools.bench import runner, scenario, workload
+from epp.picker.admission import build_admission
+from epp.picker.datastore.types import EndpointState, Snapshot
+from epp.picker.flowcontrol import FlowControl, FlowControlSettings, build_flow_control
+from epp.picker.flowcontrol.settings import BandSettings
+from epp.picker.scheduling.state import SchedulerState
+from epp.picker.scheduling.types import LLMRequest, SchedulingResult
+from epp.tools.bench import events, runner, scenario, workload
 from epp.tools.bench.events import Fleet, simulate
-from epp.tools.bench.model import PodConfig
+from epp.tools.bench.model import PodConfig, SimRequest
 from epp.tools.bench.policies import ALL_POLICIES
 
 
@@ -60,16 +67,16 @@ def test_scheduler_sees_only_scraped_metrics() -> None:
     class Recorder:
         name = "recorder"
 
-        def schedule(self, request, candidates, snapshot, now):  # type: ignore[no-untyped-def]
-            from epp.picker.scheduling.types import SchedulingResult
+        def __init__(self) -> None:
+            self.state = SchedulerState.create(seed=1, staleness_threshold_s=2.0)
 
+        def schedule(
+            self, request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
+        ) -> SchedulingResult:
             seen.append(any(c.metrics is not None for c in candidates))
             return SchedulingResult(endpoints=(candidates[0],))
 
-        def on_routed(self, request, result, now):  # type: ignore[no-untyped-def]
-            pass
-
-        def on_completed(self, request, endpoint_name, now):  # type: ignore[no-untyped-def]
+        def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
             pass
 
     class AdmitAll:
@@ -81,6 +88,7 @@ def test_scheduler_sees_only_scraped_metrics() -> None:
     sc = scenario.load("brief")
     slow = Fleet(sc.profile, PodConfig(max_loras=4), replicas=2, scrape_interval_s=1000.0)
     simulate("recorder", slow, requests, seed=1, scheduler=Recorder(), admission=AdmitAll())  # type: ignore[arg-type]
+    assert len(seen) == len(requests)  # every request was scheduled: no queueing without flow control
     assert seen and not any(seen)
     seen.clear()
     fast = dataclasses.replace(slow, scrape_interval_s=0.05)
@@ -170,16 +178,29 @@ def test_several_epp_replicas_each_route_their_share_and_lose_nothing() -> None:
 
 def test_replicas_that_exchange_their_routing_wait_for_slots_as_rarely_as_one_epp() -> None:
     """Without the exchange each replica fills pods it believes have free slots; with it (the
-    `epp serve --peers` logic, batches every 100 ms) four replicas route like one."""
+    `epp serve --peers` logic, batches every 100 ms) four replicas route like one.
+
+    Routing alone (no flow control) shows it as requests waiting on pods for a slot. With flow
+    control one EPP sends no request to a pod without a slot for it; four exchanging replicas
+    nearly never do, and their requests are served as fast as one EPP's."""
     sc = scenario.load("zipf-100").with_overrides(duration_s=60.0)
 
-    def slot_waits(replicas: int, peers: bool) -> float:
-        run = runner.run_policy(dataclasses.replace(sc, epp_replicas=replicas, epp_peers=peers), "default")
-        return runner.summarize(run, warmup_s=sc.warmup_s, slo_ttft_s=sc.slo.ttft_s).slot_wait_rate
+    def summary(replicas: int, peers: bool, *, flow_control: bool) -> runner.PolicySummary:
+        scaled = dataclasses.replace(sc, epp_replicas=replicas, epp_peers=peers)
+        fleet = dataclasses.replace(runner.fleet_for(scaled), flow_control=flow_control)
+        run = simulate("default", fleet, workload.generate(sc.workload, sc.seed), seed=sc.seed)
+        return runner.summarize(run, warmup_s=sc.warmup_s, slo_ttft_s=sc.slo.ttft_s)
 
-    one, alone, shared = slot_waits(1, True), slot_waits(4, False), slot_waits(4, True)
+    one, alone, shared = (
+        summary(replicas, peers, flow_control=False).slot_wait_rate
+        for replicas, peers in ((1, True), (4, False), (4, True))
+    )
     assert alone > 1.3 * one
     assert shared < 1.1 * one
+    one_queued, shared_queued = summary(1, True, flow_control=True), summary(4, True, flow_control=True)
+    assert one_queued.slot_wait_rate < 0.01
+    assert shared_queued.slot_wait_rate < 0.25 * one
+    assert shared_queued.ttft_p99_s < 1.1 * one_queued.ttft_p99_s
 
 
 def test_a_given_scheduler_is_one_epp() -> None:
@@ -187,3 +208,77 @@ def test_a_given_scheduler_is_one_epp() -> None:
     fleet = dataclasses.replace(runner.fleet_for(sc), epp_replicas=2)
     with pytest.raises(ValueError, match="one EPP's"):
         simulate("default", fleet, [], seed=1, scheduler=object())  # type: ignore[arg-type]
+
+
+# -- flow control in a run ---------------------------------------------------------------------
+
+
+def one_slot_pod() -> Fleet:
+    """One pod with one LoRA slot: requests for different adapters run one adapter at a time."""
+    return Fleet(scenario.load("brief").profile, PodConfig(max_loras=1), replicas=1)
+
+
+def adapter_burst(*output_tokens: int, at_s: float = 1.0) -> list[SimRequest]:
+    """One request per entry for adapters a0, a1, ... at once, after the EPP's first scrape (0.05 s);
+    each generates its entry's tokens (about 20 ms each on this profile)."""
+    return [SimRequest(i, at_s, f"a{i}", 100, tokens) for i, tokens in enumerate(output_tokens)]
+
+
+def test_ttft_of_a_request_that_waited_in_the_epps_queue_counts_from_its_arrival() -> None:
+    requests = adapter_burst(200, 200, 200)
+    result = simulate("default", one_slot_pod(), requests, seed=1)
+    first, second, third = result.requests
+    assert first.dispatched_s == first.arrival_s  # a free slot: sent at once
+    # The others waited in the EPP (not on the pod) until the slot before them freed.
+    assert first.finish_s is not None and second.finish_s is not None and third.finish_s is not None
+    assert second.dispatched_s == pytest.approx(first.finish_s)
+    assert third.dispatched_s == pytest.approx(second.finish_s)
+    for r in (second, third):
+        assert r.dispatched_s is not None and r.first_token_s is not None
+        assert not r.rejected and r.refused_status is None
+        assert r.ttft_s == pytest.approx(r.first_token_s - r.arrival_s)
+        assert r.ttft_s is not None and r.ttft_s > r.dispatched_s - r.arrival_s > 0
+        assert not r.slot_blocked  # it reached its pod once the pod had a slot for it
+    summary = runner.summarize(result, warmup_s=0.0, slo_ttft_s=1.0)
+    assert third.ttft_s is not None and summary.ttft_p99_s >= 0.9 * third.ttft_s > 1.0
+    assert summary.ttft_p50_s == pytest.approx(second.ttft_s)
+
+
+def test_requests_the_epp_refuses_are_marked_rejected_with_their_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = FlowControlSettings(enabled=True, request_ttl_s=2.0, default_band=BandSettings(max_requests=2))
+
+    def short_queue(policy: str, state: SchedulerState) -> FlowControl | None:
+        return build_flow_control(settings, state, build_admission().detector)
+
+    monkeypatch.setattr(events, "make_flow_control", short_queue)
+    requests = adapter_burst(50, 200, 200, 200)  # a0 runs about 1 s, a1 about 4 s
+    result = simulate("default", one_slot_pod(), requests, seed=1)
+    served, waited, timed_out, turned_away = result.requests
+    assert served.finish_s is not None and not served.rejected
+    # a1 waits for a0's slot (less than its TTL), a2 behind it runs out of TTL, a3 finds the queue full.
+    assert waited.finish_s is not None and not waited.rejected and waited.dispatched_s is not None
+    assert (timed_out.rejected, timed_out.refused_status) == (True, 503)
+    assert (turned_away.rejected, turned_away.refused_status) == (True, 429)
+    for refused in (timed_out, turned_away):
+        assert refused.dispatched_s is None and refused.pod == "" and refused.finish_s is None
+    summary = runner.summarize(result, warmup_s=0.0, slo_ttft_s=10.0)
+    assert (summary.requests, summary.rejected) == (4, 2)
+    assert (summary.refused_429, summary.refused_503) == (1, 1)
+
+
+def test_requests_still_queued_when_the_last_running_one_finishes_are_served() -> None:
+    """The run drains the EPP's queues too, not only the pods.
+
+    Twenty one-token requests arrive before the first scrape (nothing holds them back) and fill the
+    pod's queue; three more arrive after a scrape showed that queue over the saturation threshold,
+    so they wait in the EPP. The pod finishes all twenty before its next scrape: the last finish
+    finds nothing in flight and the three still waiting for the scrape that will let them go.
+    """
+    fleet = Fleet(scenario.load("brief").profile, PodConfig(max_num_seqs=8), replicas=1)
+    early = [SimRequest(i, 0.01, "", 16, 1) for i in range(20)]
+    late = [SimRequest(20 + i, 0.06, "", 16, 1) for i in range(3)]
+    result = simulate("default", fleet, early + late, seed=1)
+    for r in result.requests:
+        assert r.rejected or (r.finish_s is not None and r.pod), r.index

@@ -17,6 +17,8 @@ PACKAGED = [
     "diurnal",
     "gie-multi-lora",
     "popularity-shift",
+    "priority-mix",
+    "tenant-flood",
     "zipf-100",
     "zipf-1000",
     "zipf-500",

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 import pytest
@@ -25,9 +26,17 @@ from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock
 from epp.picker.director import Director
 from epp.picker.extproc.server import ExternalProcessor, build_ext_proc_server
-from epp.picker.extproc.stream import BodyMode, ProtocolError, StreamHandler, StreamOptions, StreamSettings
-from epp.picker.outcome import StreamRecord
-from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
+from epp.picker.extproc.stream import (
+    BodyMode,
+    Pending,
+    ProtocolError,
+    StreamHandler,
+    StreamOptions,
+    StreamSettings,
+)
+from epp.picker.lifecycle import RequestLife
+from tests.unit.extproc.support import LedgerScheduler, RecordingObserver
+from tests.unit.fake_scheduler import pool_datastore
 
 Mode = processing_mode_pb2.ProcessingMode
 MAX_BODY_BYTES = 64 * 1024
@@ -126,9 +135,56 @@ streams = st.one_of(st.lists(messages(), min_size=1, max_size=8), plausible_stre
 # -- the per-stream handler ----------------------------------------------------------------------
 
 
-def new_handler(records: list[StreamRecord]) -> StreamHandler:
-    director = Director(pool_datastore(), FakeScheduler(), clock=FakeClock(), rng=random.Random(0))
-    return StreamHandler(StreamOptions(director, SETTINGS, on_finished=records.append))
+@dataclass
+class Probe:
+    """What one stream's handler ran against: the director, seen through what it minted, routed
+    and heard finish."""
+
+    clock: FakeClock = field(default_factory=FakeClock)
+    scheduler: LedgerScheduler = field(default_factory=LedgerScheduler)
+    observer: RecordingObserver = field(default_factory=RecordingObserver)
+    minted: list[RequestLife] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.director = Director(
+            pool_datastore(clock=self.clock),
+            self.scheduler,
+            clock=self.clock,
+            rng=random.Random(0),
+            observer=self.observer,
+        )
+
+    # The stream's router: the director, keeping each life it mints.
+    def mint(self, request_id: str = "") -> RequestLife:
+        life = self.director.mint(request_id)
+        self.minted.append(life)
+        return life
+
+    def arrive(
+        self,
+        life: RequestLife,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        subset: Sequence[str] | None = None,
+    ) -> bytes:
+        return self.director.arrive(life, headers=headers, body=body, subset=subset)
+
+    def handler(self) -> StreamHandler:
+        return StreamHandler(StreamOptions(self, self.clock, SETTINGS))
+
+    def check_finished(self) -> None:
+        """Every request the stream took finished exactly once, and nothing is left in flight."""
+        assert len(self.minted) <= 1  # one HTTP request per stream
+        assert [id(life) for life in self.observer.finished_lives] == [id(life) for life in self.minted]
+        assert all(life.finished for life in self.minted)
+        assert self.scheduler.in_flight() == {}
+        assert all(life.outcome.request_body_bytes <= MAX_BODY_BYTES for life in self.minted)
+
+
+def replies_of(answer: list[pb.ProcessingResponse] | Pending) -> list[pb.ProcessingResponse]:
+    assert not isinstance(answer, Pending)  # nothing waits: no flow control, no hold
+    return answer
 
 
 def check_replies(replies: list[pb.ProcessingResponse], handler: StreamHandler) -> None:
@@ -144,11 +200,11 @@ def check_replies(replies: list[pb.ProcessingResponse], handler: StreamHandler) 
 )
 @given(stream=streams)
 def test_any_message_sequence_gets_clean_replies(stream: list[pb.ProcessingRequest]) -> None:
-    records: list[StreamRecord] = []
-    handler = new_handler(records)
+    probe = Probe()
+    handler = probe.handler()
     for message in stream:
         try:
-            replies = handler.handle(message)
+            replies = replies_of(handler.handle(message))
         except ProtocolError:
             break  # the server ends the stream with INVALID_ARGUMENT
         check_replies(replies, handler)
@@ -157,8 +213,7 @@ def test_any_message_sequence_gets_clean_replies(stream: list[pb.ProcessingReque
             break
     handler.close()
     handler.close()
-    [record] = records  # reported exactly once
-    assert record.request_body_bytes <= MAX_BODY_BYTES
+    probe.check_finished()  # each request reported exactly once, none left counted in flight
 
 
 @pytest.mark.parametrize(
@@ -172,8 +227,8 @@ def test_any_message_sequence_gets_clean_replies(stream: list[pb.ProcessingReque
     ids=["deep-json", "non-utf8", "truncated", "10MB"],
 )
 def test_bad_bodies_are_a_400(body: bytes, status: int) -> None:
-    records: list[StreamRecord] = []
-    handler = new_handler(records)
+    probe = Probe()
+    handler = probe.handler()
     assert (
         handler.handle(pb.ProcessingRequest(request_headers=header_message([(":method", b"POST")], False)))
         == []
@@ -181,36 +236,50 @@ def test_bad_bodies_are_a_400(body: bytes, status: int) -> None:
     replies: list[pb.ProcessingResponse] = []
     for offset in range(0, len(body), 1 << 20):
         chunk = body[offset : offset + (1 << 20)]
-        replies = handler.handle(
-            pb.ProcessingRequest(
-                request_body=pb.HttpBody(body=chunk, end_of_stream=offset + len(chunk) >= len(body))
+        replies = replies_of(
+            handler.handle(
+                pb.ProcessingRequest(
+                    request_body=pb.HttpBody(body=chunk, end_of_stream=offset + len(chunk) >= len(body))
+                )
             )
         )
         if handler.done:
             break
     assert replies[-1].immediate_response.status.code == status
     handler.close()
-    assert records[0].request_body_bytes <= MAX_BODY_BYTES
+    probe.check_finished()
+    [life] = probe.minted
+    assert life.error is not None and life.outcome.status == status
 
 
 def test_huge_headers_are_a_400() -> None:
-    handler = new_handler([])
+    probe = Probe()
+    handler = probe.handler()
     big = [(f"x-h{i}", b"v" * 1024) for i in range(64)]
-    [reply] = handler.handle(pb.ProcessingRequest(request_headers=header_message(big, False)))
+    [reply] = replies_of(handler.handle(pb.ProcessingRequest(request_headers=header_message(big, False))))
     assert reply.immediate_response.status.code == 400
     assert b"too large" in reply.immediate_response.body
+    handler.close()
+    probe.check_finished()
 
 
 def test_deep_json_in_a_response_is_passed_through() -> None:
-    handler = new_handler([])
+    probe = Probe()
+    handler = probe.handler()
     handler.handle(pb.ProcessingRequest(request_headers=header_message([(":method", b"POST")], False)))
     handler.handle(pb.ProcessingRequest(request_body=pb.HttpBody(body=GOOD_BODY, end_of_stream=True)))
     response = header_message([(":status", b"200"), ("content-type", b"application/json")], False)
     handler.handle(pb.ProcessingRequest(response_headers=response))
     body = b'{"usage":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    replies = handler.handle(pb.ProcessingRequest(response_body=pb.HttpBody(body=body, end_of_stream=True)))
+    replies = replies_of(
+        handler.handle(pb.ProcessingRequest(response_body=pb.HttpBody(body=body, end_of_stream=True)))
+    )
     assert all(not r.HasField("immediate_response") for r in replies)
     assert b"".join(r.response_body.response.body_mutation.streamed_response.body for r in replies) == body
+    handler.close()
+    probe.check_finished()
+    [life] = probe.minted
+    assert life.outcome.usage is None and life.outcome.response_body_bytes == len(body)
 
 
 # -- the real gRPC server --------------------------------------------------------------------------
@@ -230,8 +299,9 @@ class ServerThread:
         self.loop.run_until_complete(self._serve())
 
     async def _serve(self) -> None:
-        director = Director(pool_datastore(), FakeScheduler(), clock=FakeClock(), rng=random.Random(0))
-        processor = ExternalProcessor(StreamOptions(director, SETTINGS))
+        clock = FakeClock()
+        director = Director(pool_datastore(clock=clock), LedgerScheduler(), clock=clock, rng=random.Random(0))
+        processor = ExternalProcessor(StreamOptions(director, clock, SETTINGS))
         server, self.port = build_ext_proc_server(processor, host="127.0.0.1", port=0, credentials=None)
         await server.start()
         self._stop = asyncio.Event()

@@ -226,3 +226,11 @@ def test_response_headers_reply_with_extra_headers_keeps_the_shared_reply_unchan
         "x-extra",
     ]
     assert messages.response_headers_reply() == plain
+
+
+@pytest.mark.parametrize(("seconds", "millis"), [(90.0, 90_000), (0.25, 250), (61.5, 61_500)])
+def test_keep_waiting_overrides_the_message_timeout_only(seconds: float, millis: int) -> None:
+    reply = messages.keep_waiting(seconds)
+    assert reply.WhichOneof("response") is None  # no phase: Envoy only restarts its timer
+    assert reply.override_message_timeout.ToMilliseconds() == millis
+    assert not reply.HasField("dynamic_metadata")

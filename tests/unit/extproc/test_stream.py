@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import random
 import uuid
+from typing import Any
 
 import pytest
 
@@ -12,22 +15,31 @@ from epp._proto.envoy.config.core.v3 import base_pb2
 from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock
+from epp.errors import EppError, ErrorCode
+from epp.picker.admission import build_admission
+from epp.picker.datastore.types import Metrics
 from epp.picker.director import Director
 from epp.picker.extproc.completions import Completion, Completions
 from epp.picker.extproc.stream import (
+    PENDING,
     BodyMode,
+    Hold,
+    Pending,
     ProtocolError,
     StreamHandler,
     StreamOptions,
     StreamSettings,
     parse_sse_usage,
 )
-from epp.picker.outcome import FinishedBy, StreamRecord, Usage
-from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
+from epp.picker.flowcontrol import FlowControlSettings, build_flow_control
+from epp.picker.lifecycle import Ending, KeyMint, RequestLife, Stage, Usage
+from tests.unit.extproc.support import LedgerScheduler, RecordingObserver
+from tests.unit.fake_scheduler import pool_datastore
 
 Mode = processing_mode_pb2.ProcessingMode
 BODY = b'{"model":"m","prompt":"hello"}'
 GATEWAY = "ipv4:10.0.0.9:41234"
+KEY_PREFIX = "epp-test"
 
 
 def headers_message(
@@ -102,35 +114,79 @@ def streamed(reply: pb.ProcessingResponse, phase: str = "request_body") -> tuple
 
 
 class Harness:
+    """One stream against a director (flow control when `flow` is given), observed.
+
+    Every other stream of the same director comes from `stream()`.
+    """
+
     def __init__(
         self,
         *,
         mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED,
         pod_ips: tuple[str, ...] = ("10.0.0.1", "10.0.0.2"),
         exhausted: bool = False,
+        max_endpoints: int = 1,
         max_request_body_bytes: int = 1 << 20,
         max_header_bytes: int = 8192,
         completions: Completions | None = None,
+        clock: FakeClock | None = None,
+        flow: FlowControlSettings | None = None,
+        hold: Hold | None = None,
     ) -> None:
-        self.scheduler = FakeScheduler(exhausted=exhausted)
-        director = Director(pool_datastore(pod_ips), self.scheduler, clock=FakeClock(), rng=random.Random(1))
-        self.records: list[StreamRecord] = []
-        self.handler = StreamHandler(
-            StreamOptions(
-                director,
-                StreamSettings(
-                    default_body_mode=mode,
-                    max_request_body_bytes=max_request_body_bytes,
-                    max_header_bytes=max_header_bytes,
-                ),
-                on_finished=self.records.append,
-                completions=completions,
-            ),
-            peer=GATEWAY,
+        self.clock = clock if clock is not None else FakeClock()
+        self.scheduler = LedgerScheduler(max_endpoints=max_endpoints, exhausted=exhausted)
+        self.observer = RecordingObserver()
+        self.datastore = pool_datastore(pod_ips, clock=self.clock)
+        self.flow = (
+            build_flow_control(flow, self.scheduler.state, build_admission().detector)
+            if flow is not None
+            else None
         )
+        self.director = Director(
+            self.datastore,
+            self.scheduler,
+            flow=self.flow,
+            clock=self.clock,
+            rng=random.Random(1),
+            observer=self.observer,
+            keys=KeyMint(KEY_PREFIX),
+        )
+        self.options = StreamOptions(
+            self.director,
+            self.clock,
+            StreamSettings(
+                default_body_mode=mode,
+                max_request_body_bytes=max_request_body_bytes,
+                max_header_bytes=max_header_bytes,
+            ),
+            hold=hold,
+            completions=completions,
+        )
+        self.handler = self.stream()
+
+    def stream(self) -> StreamHandler:
+        return StreamHandler(self.options, peer=GATEWAY)
 
     def send(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        return self.handler.handle(message)
+        answer = self.handler.handle(message)
+        assert not isinstance(answer, Pending), "the request waits: use handle() and resume()"
+        return answer
+
+    @property
+    def life(self) -> RequestLife:
+        life = self.handler.life
+        assert life is not None
+        return life
+
+    def finished(self) -> RequestLife:
+        """The one request the director heard finish."""
+        [life] = self.observer.finished_lives
+        assert life.finished
+        return life
+
+    def queued(self) -> int:
+        assert self.flow is not None
+        return len(self.flow.queues)
 
 
 # -- FULL_DUPLEX_STREAMED ------------------------------------------------------------------------
@@ -151,6 +207,8 @@ def test_fdx_defers_headers_reply_until_body_end() -> None:
     assert metadata_destination(headers_reply) == "10.0.0.1:8000"
     assert streamed(replies[1]) == (BODY, True)
     assert h.handler.request_id == "req-1"
+    assert h.life.stage is Stage.DISPATCHED and not h.life.finished  # the response is still to come
+    assert h.scheduler.in_flight() == {h.life.key: "pod-0-rank-0"}
 
 
 def test_fdx_large_body_comes_back_in_62000_byte_chunks() -> None:
@@ -203,6 +261,7 @@ def test_headers_only_request_is_routed_on_headers(message: pb.ProcessingRequest
     assert "Content-Length" not in headers
     assert metadata_destination(replies[0]) == "10.0.0.1:8000"
     assert h.scheduler.scheduled[0][0].target_model == ""
+    assert h.life.outcome.request_body_bytes == 0
 
 
 # -- BUFFERED ------------------------------------------------------------------------------------
@@ -233,8 +292,12 @@ def test_buffered_response_body_gets_empty_reply_and_usage_is_read() -> None:
     body = json.dumps({"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}).encode()
     replies = h.send(response_body_message(body, True))
     assert replies == [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+    life = h.finished()  # at the response's end, before the stream closes
+    assert life.ending is Ending.RESPONSE
+    assert life.outcome.usage == Usage(3, 4, 7)
+    assert (life.outcome.status, life.outcome.response_body_bytes) == (200, len(body))
     h.handler.close()
-    assert h.records[0].usage == Usage(3, 4, 7)
+    assert h.finished() is life
 
 
 # -- control headers and request id --------------------------------------------------------------
@@ -270,7 +333,25 @@ def test_request_id_kept_case_insensitively() -> None:
     replies = h.send(body_message(BODY, True))
     assert "x-request-id" not in set_headers(replies[0])
     assert h.handler.request_id == "Client-Id"
-    assert h.scheduler.routed == [("Client-Id", "pod-0-rank-0")]
+    # The client's id is only shown: the request is known by its life's key everywhere else.
+    life = h.life
+    assert life.request_id == "Client-Id"
+    assert life.key == f"{KEY_PREFIX}-1"
+    assert h.scheduler.routed == [(life.key, "pod-0-rank-0")]
+    assert life.decision is not None and life.decision.request.request_id == life.key
+
+
+def test_repeated_client_request_ids_are_different_requests() -> None:
+    h = Harness()
+    other = h.stream()
+    for handler in (h.handler, other):
+        handler.handle(headers_message({"x-request-id": "same"}))
+        handler.handle(body_message(BODY, True))
+    assert h.handler.life is not None and other.life is not None
+    assert h.handler.life.key != other.life.key
+    assert len(h.scheduler.in_flight()) == 2
+    h.handler.close()
+    assert h.scheduler.in_flight() == {other.life.key: "pod-0-rank-0"}
 
 
 def test_request_id_generated_and_set_upstream() -> None:
@@ -279,7 +360,7 @@ def test_request_id_generated_and_set_upstream() -> None:
     replies = h.send(body_message(BODY, True))
     generated = set_headers(replies[0])["x-request-id"]
     assert uuid.UUID(generated).version == 4
-    assert h.handler.request_id == generated
+    assert h.handler.request_id == generated == h.life.request_id
 
 
 # -- subset hint ---------------------------------------------------------------------------------
@@ -305,7 +386,7 @@ def test_subset_hint_is_honoured(subset: object, destination: str) -> None:
 # -- errors --------------------------------------------------------------------------------------
 
 
-def immediate(replies: list[pb.ProcessingResponse]) -> tuple[int, dict[str, str], dict[str, object]]:
+def immediate(replies: list[pb.ProcessingResponse]) -> tuple[int, dict[str, str], dict[str, Any]]:
     assert len(replies) == 1 and replies[0].HasField("immediate_response")
     response = replies[0].immediate_response
     headers = {o.header.key: o.header.raw_value.decode() for o in response.headers.set_headers}
@@ -393,9 +474,14 @@ def test_errors_become_immediate_responses(
     }
     assert h.handler.done
     assert h.send(body_message(b"", True)) == []  # nothing more after an ImmediateResponse
+    assert not h.life.finished  # it finishes when the server ends the stream
     h.handler.close()
-    assert h.records[0].error is not None and h.records[0].error.http_status == status
-    assert h.scheduler.completed == []
+    life = h.finished()
+    assert life is h.handler.life
+    assert life.ending is Ending.REFUSED
+    assert life.error is not None and life.error.http_status == status
+    assert life.outcome.status == status
+    assert h.scheduler.in_flight() == {}  # never counted, or released
 
 
 def test_internal_failure_reply_is_500() -> None:
@@ -408,6 +494,10 @@ def test_internal_failure_reply_is_500() -> None:
         "type": "Internal",
         "code": 500,
     }
+    assert h.handler.done and h.handler.fail_internal() == []
+    h.handler.close()
+    life = h.finished()
+    assert (life.ending, life.outcome.status) == (Ending.REFUSED, 500)
 
 
 def test_message_without_a_phase_is_a_protocol_error() -> None:
@@ -416,12 +506,47 @@ def test_message_without_a_phase_is_a_protocol_error() -> None:
         h.send(pb.ProcessingRequest())
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        body_message(BODY, True),
+        body_message(BODY, False),
+        pb.ProcessingRequest(request_trailers=pb.HttpTrailers()),
+    ],
+    ids=["body", "partial-body", "trailers"],
+)
+def test_a_request_message_before_the_request_headers_is_a_protocol_error(
+    first: pb.ProcessingRequest,
+) -> None:
+    h = Harness()
+    with pytest.raises(ProtocolError):
+        h.handler.handle(first)
+    h.handler.close()
+    assert h.handler.life is None
+    assert h.scheduler.scheduled == [] and h.observer.events == []
+
+
+def test_request_headers_twice_on_one_stream_is_a_protocol_error() -> None:
+    """One HTTP request per stream: a second request would take the place of the first, which
+    would then never finish (and stay counted in flight)."""
+    h = Harness()
+    h.send(headers_message({"x-request-id": "r"}, end_of_stream=True))  # routed; the response follows
+    life = h.life
+    with pytest.raises(ProtocolError):
+        h.handler.handle(headers_message({"x-request-id": "again"}, end_of_stream=True))
+    assert h.handler.life is life
+    h.handler.close()
+    assert h.finished() is life and life.ending is Ending.STREAM_END
+    assert len(h.scheduler.scheduled) == 1 and h.scheduler.in_flight() == {}
+
+
 # -- response path -------------------------------------------------------------------------------
 
 
 def route(h: Harness) -> None:
     h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
     h.send(body_message(BODY, True))
+    assert h.scheduler.in_flight() == {h.life.key: "pod-0-rank-0"}
 
 
 def test_non_streaming_response_is_buffered_and_returned_in_chunks() -> None:
@@ -439,13 +564,18 @@ def test_non_streaming_response_is_buffered_and_returned_in_chunks() -> None:
     pieces = [streamed(r, "response_body") for r in replies]
     assert [len(p) for p, _ in pieces] == [62000, len(body) - 62000]
     assert b"".join(p for p, _ in pieces) == body and pieces[-1][1]
+    life = h.finished()  # at the response's end
+    assert h.scheduler.in_flight() == {}
     assert h.send(pb.ProcessingRequest(response_trailers=pb.HttpTrailers())) == [
         pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
     ]
     h.handler.close()
-    assert h.records[0].usage == Usage(5, 9, 14)
-    assert h.records[0].response_status == 200
-    assert h.scheduler.completed == [("r", "pod-0-rank-0")]
+    assert h.finished() is life
+    assert life.ending is Ending.RESPONSE
+    assert life.outcome.usage == Usage(5, 9, 14)
+    assert life.outcome.status == 200
+    assert not life.outcome.streaming
+    assert life.outcome.response_body_bytes == len(body)
 
 
 def test_sse_chunks_are_echoed_at_once_and_usage_read_across_chunks() -> None:
@@ -461,21 +591,26 @@ def test_sse_chunks_are_echoed_at_once_and_usage_read_across_chunks() -> None:
         replies = h.send(response_body_message(event, i == len(events) - 1))
         assert [streamed(r, "response_body") for r in replies] == [(event, i == len(events) - 1)]
     h.handler.close()
-    assert h.records[0].streaming_response
-    assert h.records[0].usage == Usage(2, 1, 3)
+    life = h.finished()
+    assert life.ending is Ending.RESPONSE
+    assert life.outcome.streaming
+    assert life.outcome.usage == Usage(2, 1, 3)
 
 
-def test_served_endpoint_and_server_error_reach_the_scheduler() -> None:
+def test_served_endpoint_and_server_error_are_recorded_at_the_response_end() -> None:
     h = Harness()
     route(h)
+    h.clock.advance(0.5)
     h.send(response_headers_message({":status": "503"}, served="10.0.0.2:8000"))
     h.send(response_body_message(b"overloaded", True))
-    assert h.scheduler.completed == [("r", "pod-1-rank-0")]  # at response end, before the stream closes
+    life = h.finished()  # at response end, before the stream closes
+    assert h.scheduler.in_flight() == {}
     h.handler.close()
     h.handler.close()  # idempotent
-    assert h.scheduler.completed == [("r", "pod-1-rank-0")]
-    assert len(h.records) == 1
-    assert h.records[0].response_status == 503 and h.records[0].served_address == "10.0.0.2:8000"
+    assert h.finished() is life
+    assert life.ending is Ending.RESPONSE
+    assert life.outcome.status == 503 and life.outcome.served_address == "10.0.0.2:8000"
+    assert life.outcome.ttft_s == 0.5
 
 
 @pytest.mark.parametrize(
@@ -510,73 +645,471 @@ def route_request_only(h: Harness, mode: int = Mode.FULL_DUPLEX_STREAMED) -> lis
 
 @pytest.mark.parametrize("mode", [Mode.FULL_DUPLEX_STREAMED, Mode.BUFFERED], ids=["fdx", "buffered"])
 def test_with_no_response_body_the_stream_ends_once_routed(mode: int) -> None:
-    completions = Completions(FakeClock())
-    h = Harness(completions=completions)
+    clock = FakeClock()
+    h = Harness(completions=Completions(clock), clock=clock)
     replies = route_request_only(h, mode)
     routing = replies[0]
     assert metadata_destination(routing) == "10.0.0.1:8000"
-    assert metadata_key(routing)  # the access log brings it back
+    assert metadata_key(routing) == h.life.key  # the access log brings it back
+    assert h.life.key.startswith(f"{KEY_PREFIX}-")
     assert h.handler.done  # the server ends the stream: nothing of the response passes through
     assert h.send(pb.ProcessingRequest(response_headers=pb.HttpHeaders())) == []
 
 
 def test_with_a_response_body_coming_the_stream_stays_open() -> None:
-    h = Harness(completions=Completions(FakeClock()))
+    clock = FakeClock()
+    h = Harness(completions=Completions(clock), clock=clock)
     route(h)
     assert not h.handler.done
 
 
 def test_a_request_waits_for_its_access_log_entry_when_the_gateway_sends_one() -> None:
-    completions = Completions(FakeClock())
+    clock = FakeClock()
+    completions = Completions(clock)
     completions.log_stream_opened("ipv4:10.0.0.9:60000")
-    h = Harness(completions=completions)
+    h = Harness(completions=completions, clock=clock)
     key = metadata_key(route_request_only(h)[0])
     h.handler.close()
-    assert h.scheduler.completed == [] and h.records == []  # still in flight
+    assert h.observer.finished_lives == []  # still in flight
+    assert h.scheduler.in_flight() == {key: "pod-0-rank-0"}
+    assert not h.life.finished
     entry = Completion(
         status=503, served_address="10.0.0.2:8000", response_body_bytes=9, duration_s=1.5, ttft_s=0.2
     )
     assert completions.on_entry(key, entry)
-    assert h.scheduler.completed == [("r", "pod-1-rank-0")]  # the endpoint that answered
-    [record] = h.records
-    assert record.finished_by is FinishedBy.ACCESS_LOG
-    assert (record.response_status, record.response_body_bytes) == (503, 9)
-    assert (record.duration_s, record.ttft_s, record.served_address) == (1.5, 0.2, "10.0.0.2:8000")
+    assert h.scheduler.in_flight() == {}
+    life = h.finished()
+    assert life is h.handler.life
+    assert life.ending is Ending.ACCESS_LOG
+    outcome = life.outcome
+    assert (outcome.status, outcome.response_body_bytes) == (503, 9)
+    assert (outcome.duration_s, outcome.ttft_s, outcome.served_address) == (1.5, 0.2, "10.0.0.2:8000")
+    assert len(completions) == 0
+
+
+def test_an_entry_that_comes_while_the_stream_is_open_finishes_the_request_at_its_end() -> None:
+    clock = FakeClock()
+    completions = Completions(clock)
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")
+    h = Harness(completions=completions, clock=clock)
+    key = metadata_key(route_request_only(h)[0])
+    assert completions.on_entry(key, Completion(status=200, served_address="10.0.0.1:8000", duration_s=0.3))
+    assert not h.life.finished  # its stream finishes it, with that entry
+    h.handler.close()
+    life = h.finished()
+    assert life.ending is Ending.ACCESS_LOG
+    assert (life.outcome.status, life.outcome.duration_s) == (200, 0.3)
+    assert h.scheduler.in_flight() == {}
+    assert len(completions) == 0
 
 
 def test_without_an_access_log_the_request_finishes_when_its_stream_ends() -> None:
-    completions = Completions(FakeClock())
+    clock = FakeClock()
+    completions = Completions(clock)
     completions.log_stream_opened("ipv4:10.0.0.7:60000")  # another gateway's log stream
-    h = Harness(completions=completions)
+    h = Harness(completions=completions, clock=clock)
     key = metadata_key(route_request_only(h)[0])
     h.handler.close()
-    assert h.scheduler.completed == [("r", "pod-0-rank-0")]
-    assert h.records[0].finished_by is FinishedBy.STREAM_END
+    assert h.scheduler.in_flight() == {}
+    assert h.finished().ending is Ending.STREAM_END
     assert not completions.on_entry(key, Completion(200, None))  # nothing waits for it any more
+
+
+def test_without_completions_the_request_finishes_when_its_stream_ends() -> None:
+    h = Harness()
+    route_request_only(h)
+    assert h.handler.done
+    h.handler.close()
+    assert h.finished().ending is Ending.STREAM_END
+    assert h.scheduler.in_flight() == {}
 
 
 def test_an_entry_that_never_comes_expires() -> None:
     clock = FakeClock()
     completions = Completions(clock, wait_s=5.0)
     completions.log_stream_opened("ipv4:10.0.0.9:60000")
-    h = Harness(completions=completions)
+    h = Harness(completions=completions, clock=clock)
     route_request_only(h)
     h.handler.close()
-    clock.advance(6.0)
+    clock.advance(4.0)
     completions.expire()
-    assert h.scheduler.completed == [("r", "pod-0-rank-0")]
-    assert h.records[0].finished_by is FinishedBy.EXPIRED
+    assert not h.life.finished
+    clock.advance(2.0)
+    completions.expire()
+    assert h.scheduler.in_flight() == {}
+    assert h.finished().ending is Ending.EXPIRED
+    assert completions.expired == 1
 
 
 def test_a_response_that_passes_through_finishes_the_request_itself() -> None:
-    completions = Completions(FakeClock())
+    clock = FakeClock()
+    completions = Completions(clock)
     completions.log_stream_opened("ipv4:10.0.0.9:60000")
-    h = Harness(completions=completions)
+    h = Harness(completions=completions, clock=clock)
     h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
     key = metadata_key(h.send(body_message(BODY, True))[0])
     h.send(response_headers_message({":status": "200", "content-type": "application/json"}))
     h.send(response_body_message(b"{}", True))
     h.handler.close()
-    assert h.records[0].finished_by is FinishedBy.RESPONSE
+    assert h.finished().ending is Ending.RESPONSE
     assert not completions.on_entry(key, Completion(200, None))  # the later log entry is ignored
-    assert len(h.scheduler.completed) == 1
+    assert h.observer.kinds() == ["scheduled", "finished"]
+    assert h.scheduler.in_flight() == {}
+
+
+# -- requests that wait: flow control's queue, and the hold ----------------------------------------
+
+FLOW = FlowControlSettings(enabled=True)
+ONE_POD = ("10.0.0.1",)
+QUEUE_TTL_MESSAGE = "inference gateway: ServiceUnavailable - request timed out in queue: request TTL expired"
+
+
+def scrape(h: Harness, endpoint: str = "pod-0-rank-0", **fields: object) -> None:
+    """A fresh scrape of `endpoint` showing `fields`."""
+    h.datastore.update_metrics(endpoint, Metrics(updated_at=h.clock.now(), **fields))  # type: ignore[arg-type]
+
+
+def fill(h: Harness) -> None:
+    """The pod's waiting queue is over the queue-depth threshold (5): the gate holds every request."""
+    scrape(h, waiting_requests=10)
+
+
+def empty(h: Harness) -> None:
+    scrape(h, waiting_requests=0)
+
+
+def model_body(model: str) -> bytes:
+    return json.dumps({"model": model, "prompt": "hello"}).encode()
+
+
+def arrive(
+    handler: StreamHandler,
+    *,
+    body: bytes = BODY,
+    mode: int = Mode.FULL_DUPLEX_STREAMED,
+    response_mode: int | None = None,
+    request_id: str = "r",
+) -> list[pb.ProcessingResponse] | Pending:
+    """Send a request's headers and whole body; returns the answer to the body."""
+    first = handler.handle(
+        headers_message({"x-request-id": request_id}, request_mode=mode, response_mode=response_mode)
+    )
+    assert not isinstance(first, Pending)
+    assert len(first) == (1 if mode == Mode.BUFFERED else 0)
+    return handler.handle(body_message(body, True))
+
+
+async def waiting(handler: StreamHandler) -> asyncio.Task[list[pb.ProcessingResponse]]:
+    """`resume`, as the server awaits it, run until it waits."""
+    task = asyncio.create_task(handler.resume())
+    await asyncio.sleep(0)
+    assert not task.done()
+    return task
+
+
+async def client_leaves(task: asyncio.Task[list[pb.ProcessingResponse]], handler: StreamHandler) -> None:
+    """The data plane resets the stream: grpc cancels the server's wait, then the stream closes."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    handler.close()
+
+
+def assert_routed_fdx(replies: list[pb.ProcessingResponse], destination: str, body: bytes = BODY) -> None:
+    assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
+    assert set_headers(replies[0]) == {
+        "x-gateway-destination-endpoint": destination,
+        "Content-Length": str(len(body)),
+    }
+    assert metadata_destination(replies[0]) == destination
+    assert streamed(replies[1]) == (body, True)
+
+
+async def test_a_queued_request_is_pending_until_capacity_frees() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FLOW)
+    fill(h)
+    assert arrive(h.handler) is PENDING
+    life = h.life
+    assert life.stage is Stage.QUEUED and h.queued() == 1
+    assert h.scheduler.scheduled == [] and h.scheduler.in_flight() == {}
+    assert h.observer.events == [("queued", life.key, "")]
+    resumed = await waiting(h.handler)
+    h.clock.advance(1.0)
+    h.director.pump()  # still full: it keeps waiting
+    await asyncio.sleep(0)
+    assert not resumed.done() and life.stage is Stage.QUEUED
+    empty(h)
+    h.director.pump()
+    replies = await asyncio.wait_for(resumed, 1)
+    assert_routed_fdx(replies, "10.0.0.1:8000")
+    assert h.life.stage is Stage.DISPATCHED and not life.finished
+    assert life.queue_wait_s == 1.0
+    assert h.queued() == 0
+    assert h.scheduler.in_flight() == {life.key: "pod-0-rank-0"}
+    assert ("left_queue", life.key, "Dispatched") in h.observer.events
+    assert ("scheduled", life.key, "pod-0-rank-0") in h.observer.events
+    # From here it is an ordinary routed request: its response finishes it.
+    h.send(response_headers_message({":status": "200", "content-type": "application/json"}))
+    h.send(response_body_message(b"{}", True))
+    assert h.finished() is life and life.ending is Ending.RESPONSE
+    assert h.scheduler.in_flight() == {}
+
+
+async def test_a_queued_request_that_capacity_already_freed_for_is_answered_at_once() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FLOW)
+    fill(h)
+    assert arrive(h.handler) is PENDING
+    empty(h)
+    h.director.pump()  # dispatched before the server asked for its replies
+    assert h.life.stage is Stage.DISPATCHED
+    assert_routed_fdx(await asyncio.wait_for(h.handler.resume(), 1), "10.0.0.1:8000")
+
+
+async def test_a_queued_buffered_request_asks_the_data_plane_to_keep_waiting() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FLOW, mode=BodyMode.BUFFERED)
+    fill(h)
+    answer = arrive(h.handler, mode=Mode.BUFFERED)
+    assert isinstance(answer, Pending)
+    [keep_waiting] = answer.now
+    assert keep_waiting.WhichOneof("response") is None
+    assert keep_waiting.override_message_timeout.ToMilliseconds() == 90_000
+    resumed = await waiting(h.handler)
+    empty(h)
+    h.director.pump()
+    [reply] = await asyncio.wait_for(resumed, 1)
+    assert set_headers(reply, "request_body") == {
+        "x-gateway-destination-endpoint": "10.0.0.1:8000",
+        "Content-Length": str(len(BODY)),
+    }
+    assert reply.request_body.response.body_mutation.body == BODY
+    assert metadata_destination(reply) == "10.0.0.1:8000"
+
+
+async def test_a_request_waits_for_a_lora_slot_until_the_slot_holder_finishes() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FLOW)
+    scrape(h, lora_enabled=True, max_lora=1)
+    holder = h.stream()
+    first = arrive(holder, body=model_body("adapter-a"))
+    assert not isinstance(first, Pending)
+    assert metadata_destination(first[0]) == "10.0.0.1:8000"
+    body_b = model_body("adapter-b")
+    assert arrive(h.handler, body=body_b) is PENDING  # the pod's one slot is adapter-a's
+    resumed = await waiting(h.handler)
+    # adapter-a's response passes through: its request finishes, its slot frees and the queue moves.
+    holder.handle(response_headers_message({":status": "200", "content-type": "application/json"}))
+    holder.handle(response_body_message(b"{}", True))
+    assert holder.life is not None and holder.life.ending is Ending.RESPONSE
+    assert_routed_fdx(await asyncio.wait_for(resumed, 1), "10.0.0.1:8000", body_b)
+    assert h.scheduler.in_flight() == {h.life.key: "pod-0-rank-0"}
+
+
+async def test_a_queued_request_whose_ttl_runs_out_is_answered_503() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FlowControlSettings(enabled=True, request_ttl_s=5.0))
+    fill(h)
+    assert arrive(h.handler) is PENDING
+    life = h.life
+    resumed = await waiting(h.handler)
+    h.clock.advance(6.0)
+    fill(h)  # still full when the TTL runs out
+    h.director.pump()
+    replies = await asyncio.wait_for(resumed, 1)
+    code, headers, body = immediate(replies)
+    assert code == 503 and "retry-after" not in headers
+    assert body == {"error": {"message": QUEUE_TTL_MESSAGE, "type": "ServiceUnavailable", "code": 503}}
+    assert h.handler.done
+    assert h.queued() == 0
+    assert ("left_queue", life.key, "EvictedTTL") in h.observer.events
+    h.handler.close()
+    assert h.finished() is life
+    assert (life.ending, life.outcome.status) == (Ending.REFUSED, 503)
+    assert life.queue_wait_s == 6.0
+    empty(h)
+    h.director.pump()
+    assert h.scheduler.scheduled == [] and h.scheduler.in_flight() == {}
+
+
+async def test_queued_requests_are_answered_when_the_queues_drain() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FLOW)
+    fill(h)
+    assert arrive(h.handler) is PENDING
+    resumed = await waiting(h.handler)
+    h.director.drain_queues(EppError(ErrorCode.SERVICE_UNAVAILABLE, "shutting down", reason="shutdown"))
+    code, _, body = immediate(await asyncio.wait_for(resumed, 1))
+    assert code == 503
+    assert body["error"] == {
+        "message": "inference gateway: ServiceUnavailable - shutting down",
+        "type": "ServiceUnavailable",
+        "code": 503,
+    }
+    h.handler.close()
+    assert h.finished().ending is Ending.REFUSED
+    assert h.queued() == 0
+
+
+def test_a_request_the_full_queue_cannot_take_is_answered_429() -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FlowControlSettings(enabled=True, max_requests=1))
+    fill(h)
+    first = h.stream()
+    assert arrive(first) is PENDING
+    answer = arrive(h.handler)
+    assert not isinstance(answer, Pending)
+    code, headers, body = immediate(answer)
+    assert code == 429 and "retry-after" in headers
+    assert [outcome for _, outcome in h.observer.refusals] == ["queue-full"]
+    assert body["error"]["message"] == (
+        "inference gateway: InferencePoolResourceExhausted - request rejected pre-queue: queue at capacity"
+    )
+    h.handler.close()
+    life = h.finished()
+    assert (life.ending, life.outcome.status) == (Ending.REFUSED, 429)
+    assert h.queued() == 1  # the first one still waits
+    first.close()
+    assert h.queued() == 0
+
+
+@pytest.mark.parametrize("resumed", [True, False], ids=["while-resume-waits", "before-resume"])
+async def test_a_client_that_leaves_while_queued_leaves_the_queue(resumed: bool) -> None:
+    h = Harness(pod_ips=ONE_POD, flow=FLOW)
+    fill(h)
+    assert arrive(h.handler) is PENDING
+    life = h.life
+    if resumed:
+        await client_leaves(await waiting(h.handler), h.handler)
+    else:
+        h.handler.close()
+    assert h.finished() is life
+    assert life.ending is Ending.CLIENT_GONE
+    assert life.error is None and life.outcome.status is None  # nothing was answered
+    assert h.queued() == 0
+    assert ("left_queue", life.key, "EvictedContextCancelled") in h.observer.events
+    empty(h)
+    h.director.pump()
+    assert h.scheduler.scheduled == [] and h.scheduler.in_flight() == {}
+    h.handler.close()
+    assert h.finished() is life  # once
+
+
+async def test_a_client_that_leaves_after_dispatch_but_before_its_replies_is_gone() -> None:
+    """The queue let the request go, but its stream was reset before the server sent the replies:
+    they never reached the data plane, so no access-log entry can come for it either."""
+    clock = FakeClock()
+    completions = Completions(clock)
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")
+    h = Harness(pod_ips=ONE_POD, flow=FLOW, clock=clock, completions=completions)
+    fill(h)
+    assert arrive(h.handler, response_mode=Mode.NONE) is PENDING
+    life = h.life
+    resumed = await waiting(h.handler)
+    empty(h)
+    h.director.pump()  # dispatched; the stream is reset before the server's wait wakes
+    assert life.stage is Stage.DISPATCHED
+    await client_leaves(resumed, h.handler)
+    assert h.finished() is life
+    assert (life.ending, life.outcome.status) == (Ending.CLIENT_GONE, 499)
+    assert h.scheduler.in_flight() == {}
+    assert len(completions) == 0
+
+
+async def test_a_buffered_request_refused_in_the_queue_before_the_server_waits_is_answered() -> None:
+    """BUFFERED: the server sends the keep-waiting reply before it awaits `resume`; the queue may
+    refuse the request (its TTL) meanwhile."""
+    h = Harness(pod_ips=ONE_POD, flow=FlowControlSettings(enabled=True, request_ttl_s=5.0))
+    fill(h)
+    assert isinstance(arrive(h.handler, mode=Mode.BUFFERED), Pending)
+    h.clock.advance(6.0)
+    fill(h)
+    h.director.pump()
+    code, _, body = immediate(await asyncio.wait_for(h.handler.resume(), 1))
+    assert code == 503
+    assert body["error"]["message"] == QUEUE_TTL_MESSAGE
+
+
+class Gate:
+    """A hold that waits until released, then narrows the decision to `keep` endpoints or fails."""
+
+    def __init__(self, *, keep: slice = slice(None), error: EppError | None = None) -> None:
+        self.released = asyncio.Event()
+        self.keep = keep
+        self.error = error
+        self.held: list[tuple[str, Stage]] = []
+
+    async def __call__(self, life: RequestLife) -> None:
+        self.held.append((life.key, life.stage))
+        await self.released.wait()
+        if self.error is not None:
+            raise self.error
+        decision = life.decision
+        assert decision is not None
+        life.decision = dataclasses.replace(decision, endpoints=decision.endpoints[self.keep])
+
+
+async def test_the_hold_lets_a_routed_request_go_and_may_narrow_its_destination() -> None:
+    gate = Gate(keep=slice(1, None))
+    h = Harness(hold=gate, max_endpoints=2)
+    assert arrive(h.handler) is PENDING
+    life = h.life
+    assert life.stage is Stage.DISPATCHED  # dispatched, and counted in flight, while it is held
+    assert h.scheduler.in_flight() == {life.key: "pod-0-rank-0"}
+    resumed = await waiting(h.handler)
+    assert gate.held == [(life.key, Stage.DISPATCHED)]
+    gate.released.set()
+    assert_routed_fdx(await asyncio.wait_for(resumed, 1), "10.0.0.2:8000")
+    h.send(response_headers_message({":status": "200"}))
+    h.send(response_body_message(b"{}", True))
+    assert h.finished().ending is Ending.RESPONSE
+    assert h.scheduler.in_flight() == {}
+
+
+async def test_a_buffered_request_held_asks_the_data_plane_to_keep_waiting() -> None:
+    gate = Gate()
+    h = Harness(hold=gate, mode=BodyMode.BUFFERED)
+    answer = arrive(h.handler, mode=Mode.BUFFERED)
+    assert isinstance(answer, Pending)
+    assert [r.override_message_timeout.ToMilliseconds() for r in answer.now] == [90_000]
+    resumed = await waiting(h.handler)
+    gate.released.set()
+    [reply] = await asyncio.wait_for(resumed, 1)
+    assert metadata_destination(reply) == "10.0.0.1:8000"
+
+
+async def test_a_hold_that_fails_answers_the_error_and_releases_the_request() -> None:
+    error = EppError(ErrorCode.SERVICE_UNAVAILABLE, "adapter failed to load", reason="adapter-load")
+    gate = Gate(error=error)
+    h = Harness(hold=gate)
+    assert arrive(h.handler) is PENDING
+    resumed = await waiting(h.handler)
+    gate.released.set()
+    code, _, body = immediate(await asyncio.wait_for(resumed, 1))
+    assert code == 503
+    assert body["error"]["message"] == "inference gateway: ServiceUnavailable - adapter failed to load"
+    assert h.handler.done
+    h.handler.close()
+    life = h.finished()
+    assert (life.ending, life.error, life.outcome.status) == (Ending.REFUSED, error, 503)
+    assert h.scheduler.in_flight() == {}
+
+
+async def test_a_client_that_leaves_while_held_is_gone_and_released() -> None:
+    gate = Gate()
+    h = Harness(hold=gate)
+    assert arrive(h.handler) is PENDING
+    await client_leaves(await waiting(h.handler), h.handler)
+    life = h.finished()
+    assert (life.ending, life.outcome.status) == (Ending.CLIENT_GONE, 499)
+    assert life.error is None
+    assert h.scheduler.in_flight() == {}
+
+
+async def test_a_client_that_leaves_before_a_held_buffered_request_waits_is_gone() -> None:
+    """BUFFERED with a hold: the stream is reset while the server sends its keep-waiting reply,
+    before it awaits `resume`. Nothing was sent on, so nothing waits for an access-log entry."""
+    clock = FakeClock()
+    completions = Completions(clock)
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")
+    h = Harness(hold=Gate(), mode=BodyMode.BUFFERED, clock=clock, completions=completions)
+    assert isinstance(arrive(h.handler, mode=Mode.BUFFERED, response_mode=Mode.NONE), Pending)
+    h.handler.close()
+    life = h.finished()
+    assert (life.ending, life.outcome.status) == (Ending.CLIENT_GONE, 499)
+    assert h.scheduler.in_flight() == {}
+    assert len(completions) == 0

@@ -1,10 +1,11 @@
-"""Builders for endpoint states and snapshots used across scheduling tests."""
+"""Builders for endpoint states, snapshots and policy configs used across scheduling tests."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
 from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
+from epp.picker.scheduling.policies import policy_config_text
 
 BASE = "base-model"
 
@@ -52,3 +53,10 @@ def snapshot_of(states: Sequence[EndpointState], taken_at: float = 0.0) -> Snaps
     return Snapshot(
         pool=None, endpoints=tuple(states), models={}, objectives={}, taken_at=taken_at, version=1
     )
+
+
+def config_text(policy: str) -> str:
+    """The EndpointPickerConfig YAML of a config-defined policy (`default`, `gie-v1`)."""
+    text = policy_config_text(policy)
+    assert text is not None, f"{policy!r} is a hand-written baseline, not a config"
+    return text

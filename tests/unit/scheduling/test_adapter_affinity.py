@@ -7,10 +7,9 @@ import pytest
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.build import MAX_SCORED_ENDPOINTS, build_scheduler_from_config
 from epp.picker.scheduling.config import load_config
-from epp.picker.scheduling.framework import ProfileScheduler
-from epp.picker.scheduling.policies import policy_config_text
+from epp.picker.scheduling.framework import ProfileScheduler, record_routed
 from epp.picker.scheduling.types import LLMRequest
-from tests.unit.scheduling.helpers import BASE, endpoint_state, snapshot_of
+from tests.unit.scheduling.helpers import BASE, config_text, endpoint_state, snapshot_of
 
 NOW = 10.0
 
@@ -26,8 +25,8 @@ def _affinity(scheduler: ProfileScheduler, states: list[EndpointState], model: s
 
 def _default() -> ProfileScheduler:
     """The `default` policy, returning every candidate (so each one's scores can be read)."""
-    text = policy_config_text("default").replace("maxNumOfEndpoints: 1", "maxNumOfEndpoints: 1000")
-    assert text != policy_config_text("default")
+    text = config_text("default").replace("maxNumOfEndpoints: 1", "maxNumOfEndpoints: 1000")
+    assert text != config_text("default")
     return build_scheduler_from_config(
         load_config(text), seed=1, name="default", max_scored_endpoints=MAX_SCORED_ENDPOINTS["default"]
     )
@@ -36,8 +35,8 @@ def _default() -> ProfileScheduler:
 def _route(scheduler: ProfileScheduler, states: list[EndpointState], model: str, pod: int, i: int) -> None:
     request = _request(model, i)
     result = scheduler.schedule(request, [states[pod]], snapshot_of(states, NOW), NOW)
-    scheduler.on_routed(request, result, NOW)
-    scheduler.on_completed(request, result.primary.name, NOW)
+    record_routed(scheduler, request, result, NOW)
+    assert scheduler.state.ledger.finished(request.request_id, NOW) is not None
 
 
 @pytest.mark.parametrize(
@@ -130,7 +129,7 @@ def test_burst_between_scrapes_spreads_by_inflight() -> None:
     for i in range(40):
         request = _request(BASE, i)
         result = scheduler.schedule(request, states, snapshot_of(states, NOW), NOW + 0.01 * i)
-        scheduler.on_routed(request, result, NOW + 0.01 * i)
+        record_routed(scheduler, request, result, NOW + 0.01 * i)
         picks[result.primary.name] = picks.get(result.primary.name, 0) + 1
     assert len(picks) == 4
     assert max(picks.values()) - min(picks.values()) <= 2
@@ -187,7 +186,7 @@ def test_running_load_moves_traffic_to_an_idle_pod() -> None:
     for i in range(10):
         request = _request(adapters[i % 5], i)
         result = scheduler.schedule(request, states, snapshot_of(states, NOW), NOW)
-        scheduler.on_routed(request, result, NOW)
+        record_routed(scheduler, request, result, NOW)
         picks[result.primary.name] = picks.get(result.primary.name, 0) + 1
     assert picks.get("pod-5-rank-0", 0) >= 5
 
@@ -214,7 +213,7 @@ def _route_open(
     """Route request `i` for `model` to `pod` and leave it in flight."""
     request = _request(model, i)
     result = scheduler.schedule(request, [states[pod]], snapshot_of(states, NOW), NOW)
-    scheduler.on_routed(request, result, NOW)
+    record_routed(scheduler, request, result, NOW)
 
 
 @pytest.mark.parametrize(
@@ -255,13 +254,14 @@ def test_waiter_gets_the_slot_when_the_drained_adapter_finishes() -> None:
     for i, model in enumerate(["h1", "h2", "rare"]):
         request = _request(model, i)
         result = scheduler.schedule(request, [states[0]], snapshot_of(states, NOW), NOW)
-        scheduler.on_routed(request, result, NOW)
+        record_routed(scheduler, request, result, NOW)
         requests.append((request, result))
     residency = scheduler.state.residency
     pod = residency.pod("pod-0-rank-0")
     assert pod is not None and list(pod.waiters) == ["rare"]
     h2_request, h2_result = requests[1]
-    scheduler.on_completed(h2_request, h2_result.primary.name, NOW + 1.0)
+    flight = scheduler.state.ledger.finished(h2_request.request_id, NOW + 1.0)
+    assert flight is not None and (flight.endpoint, flight.adapter) == (h2_result.primary.name, "h2")
     assert list(pod.gpu) == ["h1", "rare"]
     assert not pod.waiters
     h2 = scheduler.schedule(_request("h2", 40), states, snapshot_of(states, NOW), NOW + 1.0)
@@ -274,7 +274,7 @@ def test_two_epp_replicas_place_a_new_adapter_on_the_same_pod() -> None:
     for n in range(20):
         picks = set()
         for seed in (1, 2):
-            text = policy_config_text("default")
+            text = config_text("default")
             scheduler = build_scheduler_from_config(load_config(text), seed=seed, name="default")
             result = scheduler.schedule(_request(f"adapter-{n}"), states, snapshot_of(states, NOW), NOW)
             picks.add(result.primary.name)

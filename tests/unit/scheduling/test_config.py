@@ -186,3 +186,6 @@ def test_upstream_sections_this_epp_does_not_apply_are_named() -> None:
     )
     assert load_config(text).ignored == ("featureGates", "flowControl")  # an empty section is nothing
     assert load_config("plugins:\n- type: queue-scorer\n").ignored == ()
+    # The flowControl gate is applied, and with it on, so is the section.
+    gated = text.replace("[dataLayer]", "[flowControl]")
+    assert load_config(gated).ignored == ()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.inflight import Flight, InflightTracker
 from epp.picker.scheduling.prefix import PrefixIndex, prefix_hashes
 
 
@@ -16,10 +16,28 @@ def test_inflight_counts_and_since_scrape() -> None:
     assert t.count("p") == 3
     assert t.routed_since("p", 1.5) == 2
     assert t.adapter_count("p", "a") == 2
-    assert t.remove("r2") == "p"
+    assert t.adapters("p") == {"a": 2, "b": 1}
+    assert t.get("r2") == Flight("r2", "p", "a", 2.0)
+    assert t.remove("r2") == Flight("r2", "p", "a", 2.0)  # what was in flight, where and since when
+    assert t.get("r2") is None
     assert t.routed_since("p", 1.5) == 1
     assert t.adapter_count("p", "a") == 1
     assert t.remove("unknown") is None
+    assert [f.key for f in t] == ["r1", "r3"]  # oldest first
+    t.remove("r1")
+    t.remove("r3")
+    assert t.adapters("p") is None and t.count("p") == 0
+
+
+def test_a_repeated_key_moves_and_a_flight_keeps_its_origin() -> None:
+    t = InflightTracker()
+    t.add("r1", "p", "a", 1.0)
+    t.add("peer/r9", "q", "", 1.5, origin="peer")  # a peer's base-model request
+    t.add("r1", "q", "a", 2.0)  # routed again elsewhere: moved, not counted twice
+    assert (t.count("p"), t.count("q"), len(t)) == (0, 2, 2)
+    assert t.adapters("p") is None
+    assert t.adapters("q") == {"": 1, "a": 1}
+    assert list(t) == [Flight("peer/r9", "q", "", 1.5, "peer"), Flight("r1", "q", "a", 2.0)]
 
 
 def test_count_since_scrape_follows_every_change_to_the_endpoint() -> None:
@@ -39,13 +57,33 @@ def test_count_since_scrape_follows_every_change_to_the_endpoint() -> None:
 
 
 def test_inflight_expires_lost_completions_and_is_bounded() -> None:
-    t = InflightTracker(request_timeout_s=10.0, max_tracked=100)
+    dropped: list[tuple[Flight, float]] = []
+    t = InflightTracker(
+        request_timeout_s=10.0, max_tracked=100, on_drop=lambda f, now: dropped.append((f, now))
+    )
     t.add("old", "p", "a", 0.0)
     t.add("new", "p", "a", 11.0)
     assert t.count("p") == 1
+    assert dropped == [(Flight("old", "p", "a", 0.0), 11.0)]  # its completion never came: told once
     for i in range(1000):
         t.add(f"r{i}", "q", "a", 12.0)
     assert len(t) <= 100
+    # Every request let go by the bound is told of, once, oldest first; the rest are still held.
+    assert len(dropped) == 1 + 1000 + 1 - len(t)
+    assert [f.key for f, _ in dropped[1:3]] == ["new", "r0"]
+    assert len({f.key for f, _ in dropped}) == len(dropped)
+    assert not {f.key for f, _ in dropped} & {f.key for f in t}
+
+
+def test_removing_a_flight_is_not_a_drop() -> None:
+    dropped: list[Flight] = []
+    t = InflightTracker(request_timeout_s=10.0, on_drop=lambda f, now: dropped.append(f))
+    t.add("r1", "p", "a", 0.0)
+    t.remove("r1")
+    t.add("r1", "p", "a", 1.0)
+    t.add("r1", "q", "a", 2.0)  # moved
+    t.add("r2", "p", "a", 5.0)
+    assert dropped == []
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from epp.errors import EppError
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
+from epp.picker.scheduling.framework import record_routed
 from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import BASE, endpoint_state, snapshot_of
 
@@ -81,7 +82,7 @@ def test_only_candidates_are_returned_and_fresh_win(
             assert all(e.is_fresh(NOW, 2.0) for e in result.endpoints)
         for per_scorer in result.scores.values():
             assert all(0.0 <= s <= 1.0 for s in per_scorer.values())
-        scheduler.on_routed(request, result, NOW)
+        record_routed(scheduler, request, result, NOW)
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES, ids=POLICY_NAMES)
@@ -103,7 +104,7 @@ def test_same_seed_same_decisions(policy: str, pods: list[dict[str, object]], mo
             except EppError:
                 out.append(("dropped",))
                 continue
-            scheduler.on_routed(request, result, NOW + i * 0.01)
+            record_routed(scheduler, request, result, NOW + i * 0.01)
             out.append(tuple(e.name for e in result.endpoints))
         return out
 

@@ -1,0 +1,410 @@
+"""Which endpoints can start a request now: the gate between a queue and the scheduler.
+
+`SaturationGate` is upstream's: while the pool is saturated (no endpoint has fresh metrics under
+the queue-depth and KV thresholds) nothing is dispatched; otherwise every candidate is.
+
+`SlotGate` is ours. A vLLM pod runs a batch of at most `max_lora` distinct adapters; a request
+whose adapter is not in the batch while it holds `max_lora` others waits in the pod's queue for a
+slot, whatever frees elsewhere. So per endpoint the gate counts two kinds of capacity:
+
+- request headroom: its waiting queue (less requests deferred for a slot, counted below, plus the
+  requests sent there since its scrape beyond what its batch had room for) and KV usage under
+  the saturation thresholds (stale or missing metrics are not evidence: headroom);
+- adapter slots: the adapters with requests in flight there (ours from the routing ledger, plus
+  any its scrape shows that we did not see finish since) against its `max_lora`.
+
+A request can start on an endpoint with headroom where its adapter is in flight (it joins the
+batch) or where a slot is free (it takes one). Base-model requests need no slot. vLLM reports
+`max_lora` only once a pod has served a LoRA request (an idle engine writes no `lora_requests_info`),
+so until then a pod counts as having the slots it last reported, or the residency model's default
+(4): a fresh pod must not take every waiting adapter at once.
+
+Starvation guard: slots normally free as adapters' last requests finish, and the queue hands
+each freed slot on. When an adapter has waited `drain_after_s` for a slot and no slot has freed
+among its candidates for that long either (every slot is held by adapters that never run dry),
+the gate picks an endpoint where some slot holder can be let go soonest (the fewest requests in
+flight, the least popular on ties) and stops sending that holder's new requests there; they go to
+its other homes or wait. Its last request there finishes, and the slot frees for the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from epp.picker.admission.saturation import SaturationDetector, SaturationLevel
+from epp.picker.datastore.types import EndpointState
+from epp.picker.scheduling.framework import is_base_model
+from epp.picker.scheduling.inflight import Flight
+from epp.picker.scheduling.ledger import BASE_MODEL
+from epp.picker.scheduling.state import SchedulerState
+from epp.picker.scheduling.types import LLMRequest
+
+# Requests a pod never yet seen with a full batch is assumed to start at once between two scrapes.
+UNSEEN_BATCH_ROOM = 32
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRoom:
+    """One endpoint's capacity as the gate sees it (for `/debug/flow-control`)."""
+
+    endpoint: str
+    headroom: bool  # its queue and KV are under the thresholds (or its metrics are not evidence)
+    slots: int | None  # max_lora as scraped; None: not known, slots not gated
+    in_flight: dict[str, int]  # adapter → requests in flight there ("" for the base model)
+    free_slots: int | None
+    draining: str | None = None  # the slot holder held back there, freeing a slot for a waiter
+
+
+@dataclass(slots=True)
+class _Room:
+    """What `SlotGate` last worked out for one endpoint."""
+
+    state: EndpointState
+    headroom: bool
+    free: int | None  # free LoRA slots; None: the endpoint reports none, so slots are not gated
+    # Adapters its fresh scrape shows in the batch that our ledger does not hold there (another
+    # replica's, or finished for us before the pod finished them): a request for one joins them.
+    scheduled: frozenset[str] = frozenset()
+    joins: frozenset[str] = frozenset()  # adapters a request can join it for now (headroom, not drained)
+
+
+class Gate(Protocol):
+    def placeable(
+        self, request: LLMRequest, candidates: Sequence[EndpointState], now: float
+    ) -> Sequence[EndpointState]:
+        """The candidates that can start `request` now (`candidates` itself when all can); empty: wait."""
+
+    def blocked(
+        self, request: LLMRequest, candidates: Sequence[EndpointState], since: float, now: float
+    ) -> None:
+        """`request` could not be placed and has waited since `since` (the starvation guard's cue)."""
+
+    def rooms(self, endpoints: Sequence[EndpointState], now: float) -> list[EndpointRoom]:
+        """Each endpoint's capacity, as this gate counts it."""
+
+
+class SaturationGate:
+    """Upstream's gate: all candidates while the pool is not saturated, none while it is."""
+
+    def __init__(self, detector: SaturationDetector) -> None:
+        self._detector = detector
+
+    def placeable(
+        self, request: LLMRequest, candidates: Sequence[EndpointState], now: float
+    ) -> Sequence[EndpointState]:
+        if self._detector.level(candidates, now) is SaturationLevel.OK:
+            return candidates
+        return ()
+
+    def blocked(
+        self, request: LLMRequest, candidates: Sequence[EndpointState], since: float, now: float
+    ) -> None:
+        pass
+
+    def rooms(self, endpoints: Sequence[EndpointState], now: float) -> list[EndpointRoom]:
+        open_ = self._detector.level(endpoints, now) is SaturationLevel.OK
+        return [EndpointRoom(e.endpoint.name, open_, None, {}, None) for e in endpoints]
+
+
+class SlotGate:
+    """Request headroom and LoRA slots per endpoint; see the module docstring."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        detector: SaturationDetector,
+        *,
+        drain_after_s: float,
+    ) -> None:
+        self._state = state
+        self._detector = detector
+        self._drain_after_s = drain_after_s
+        # (endpoint, adapter) -> when its last request there finished: a scrape older than that
+        # showing the adapter active is not evidence that it still holds a slot.
+        self._freed_at: dict[tuple[str, str], float] = {}
+        self._last_finish: dict[str, float] = {}  # endpoint -> when any request finished there
+        self._slot_freed_at: dict[str, float] = {}  # endpoint -> when an adapter last left it
+        self._batch_size: dict[str, int] = {}  # endpoint -> its running requests when last seen full
+        self._max_lora: dict[str, int] = {}  # endpoint -> the max_lora it last reported
+        # endpoint -> (adapter held back there, the adapter it is freeing a slot for)
+        self.draining: dict[str, tuple[str, str]] = {}
+        # Every decision asks about every candidate, and between two of them only the endpoints a
+        # request was routed to or finished on change (and, with a new snapshot, those scraped):
+        # so each endpoint's room is kept, and only the restricted ones are looked at per request.
+        self._rooms: dict[str, _Room] = {}
+        self._restricted: set[str] = set()  # no headroom, no free slot, or a holder held back
+        self._swept: Sequence[EndpointState] | None = None  # the candidates `_rooms` was built from
+        self._valid_until = float("inf")  # when a restricting scrape turns stale (no evidence)
+        self._dirty: set[str] = set()
+        self._last_slot_freed = float("-inf")  # anywhere: a cheap first test for the starvation guard
+        # Indexes over the rooms, so a request nothing can start is told so in O(1) (a backlog asks
+        # once per waiting adapter at every pass): endpoints with request headroom, those with a
+        # free slot too, and adapter → endpoints where it can join its batch.
+        self._with_headroom: set[str] = set()
+        self._open: set[str] = set()
+        self._joinable: dict[str, set[str]] = {}
+        state.ledger.listen(self._on_flight)
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def placeable(
+        self, request: LLMRequest, candidates: Sequence[EndpointState], now: float
+    ) -> Sequence[EndpointState]:
+        self._refresh(candidates, now)
+        restricted = self._restricted
+        if not restricted:
+            return candidates
+        base = is_base_model(request, self._state, candidates)
+        adapter = BASE_MODEL if base else request.target_model
+        if candidates is self._swept:  # the whole pool: the indexes answer "nowhere" at once
+            if base and not self._with_headroom:
+                return ()
+            if not base and not self._open and adapter not in self._joinable:
+                return ()
+        rooms = self._rooms
+        adapters_of = self._state.inflight.adapters
+        keep: list[EndpointState] = []
+        for e in candidates:
+            name = e.endpoint.name
+            if name not in restricted:
+                keep.append(e)
+                continue
+            room = rooms[name]
+            if not room.headroom:
+                continue
+            if adapter == BASE_MODEL or room.free is None:
+                keep.append(e)
+                continue
+            holders = adapters_of(name)
+            if (holders is not None and adapter in holders) or adapter in room.scheduled:
+                drain = self.draining.get(name)
+                if drain is None or drain[0] != adapter:
+                    keep.append(e)
+            elif room.free > 0:
+                keep.append(e)
+        return candidates if len(keep) == len(candidates) else keep
+
+    def _refresh(self, candidates: Sequence[EndpointState], now: float) -> None:
+        """Bring the kept rooms up to date: all of them for new candidates (a new snapshot) or once
+        a restricting scrape turns stale, else those whose in-flight set or drain changed."""
+        if candidates is not self._swept or now > self._valid_until:
+            self._swept = candidates
+            self._rooms.clear()
+            self._restricted.clear()
+            self._with_headroom.clear()
+            self._open.clear()
+            self._joinable.clear()
+            self._dirty.clear()
+            self._valid_until = float("inf")
+            for e in candidates:
+                self._update(e, now)
+            return
+        if self._dirty:
+            rooms = self._rooms
+            for name in self._dirty:
+                room = rooms.get(name)
+                if room is not None:
+                    self._update(room.state, now)
+            self._dirty.clear()
+
+    def _update(self, e: EndpointState, now: float) -> None:
+        name = e.endpoint.name
+        m = e.metrics
+        headroom = self._headroom(e, now)
+        holders = self._state.inflight.adapters(name)
+        scheduled = self._scheduled_elsewhere(name, holders, e, now)
+        free: int | None = self._free_slots(name, self._slots(e), holders, e, now, len(scheduled))
+        old = self._rooms.get(name)
+        if old is not None:
+            for adapter in old.joins:
+                at = self._joinable.get(adapter)
+                if at is not None:
+                    at.discard(name)
+                    if not at:
+                        del self._joinable[adapter]
+        joins: frozenset[str] = frozenset()
+        if headroom:
+            drain = self.draining.get(name)
+            joins = frozenset(holders or ()) | scheduled
+            if drain is not None:
+                joins -= {drain[0]}
+            for adapter in joins:
+                self._joinable.setdefault(adapter, set()).add(name)
+            self._with_headroom.add(name)
+        else:
+            self._with_headroom.discard(name)
+        if headroom and free is not None and free > 0:
+            self._open.add(name)
+        else:
+            self._open.discard(name)
+        self._rooms[name] = _Room(e, headroom, free, scheduled, joins)
+        if not headroom or (free is not None and free <= 0) or name in self.draining:
+            self._restricted.add(name)
+            if m is not None:  # what its scrape says holds only while the scrape is fresh
+                self._valid_until = min(
+                    self._valid_until, m.updated_at + self._detector.staleness_threshold_s
+                )
+        else:
+            self._restricted.discard(name)
+
+    def blocked(
+        self, request: LLMRequest, candidates: Sequence[EndpointState], since: float, now: float
+    ) -> None:
+        """Free a slot for an adapter that has waited `drain_after_s`, unless one is being freed for it."""
+        adapter = request.target_model
+        if now - since < self._drain_after_s or is_base_model(request, self._state, candidates):
+            return
+        if any(waiting == adapter for _, waiting in self.draining.values()):
+            return
+        if now - self._last_slot_freed < self._drain_after_s:
+            return  # slots are turning over somewhere: the queue hands the next one on
+        self._refresh(candidates, now)
+        if candidates is self._swept:
+            if not self._with_headroom:
+                return  # every endpoint is short of request headroom, not of slots: draining frees nothing
+        elif not any(self._rooms[e.endpoint.name].headroom for e in candidates):
+            return
+        freed = self._slot_freed_at
+        last_freed = max(
+            (freed.get(e.endpoint.name, float("-inf")) for e in candidates), default=float("-inf")
+        )
+        if now - last_freed < self._drain_after_s:
+            return  # slots are turning over among its candidates: the queue hands the next one on
+        target = self._drain_target(candidates, adapter, now)
+        if target is not None:
+            endpoint, holder = target
+            self.draining[endpoint] = (holder, adapter)
+            self._dirty.add(endpoint)
+
+    def rooms(self, endpoints: Sequence[EndpointState], now: float) -> list[EndpointRoom]:
+        rooms = []
+        for e in endpoints:
+            self._update(e, now)
+            name = e.endpoint.name
+            room = self._rooms[name]
+            holders = self._state.inflight.adapters(name)
+            drain = self.draining.get(name)
+            rooms.append(
+                EndpointRoom(
+                    endpoint=name,
+                    headroom=room.headroom,
+                    slots=self._slots(e),
+                    in_flight=dict(holders) if holders else {},
+                    free_slots=None if room.free is None else max(0, room.free),
+                    draining=drain[0] if drain is not None else None,
+                )
+            )
+        return rooms
+
+    # -- per endpoint -----------------------------------------------------------------------
+
+    def _headroom(self, e: EndpointState, now: float) -> bool:
+        """Its queue and KV under the thresholds.
+
+        Requests sent since its scrape are not in it: those its batch had room for start at once,
+        the rest wait there. Its batch's room is what it runs less what it ran when its queue last
+        stood past the threshold (a vLLM pod queues that many only once its batch is full; a few
+        wait between two engine steps anyway); before it was ever seen full, `UNSEEN_BATCH_ROOM`.
+        So a queue that just opened takes what the pod can start, not everything waiting here at
+        once (the pod would serve a backlog in its own order, not by priority)."""
+        m = e.metrics
+        if m is None or not e.is_fresh(now, self._detector.staleness_threshold_s):
+            return True  # missing or stale metrics are not evidence of a full pod
+        name = e.endpoint.name
+        queued = m.waiting_requests - m.deferred_requests
+        if queued > self._detector.queue_depth_threshold:
+            # Past the threshold, not just between two engine steps: its batch is full.
+            self._batch_size[name] = m.running_requests
+        full_at = self._batch_size.get(name)
+        room = UNSEEN_BATCH_ROOM if full_at is None else max(0, full_at - m.running_requests)
+        unseen = self._state.inflight.routed_from(name, m.updated_at)
+        return (
+            queued + max(0, unseen - room) <= self._detector.queue_depth_threshold
+            and m.kv_cache_usage <= self._detector.kv_cache_util_threshold
+        )
+
+    def _slots(self, e: EndpointState) -> int:
+        """Its LoRA slots: as scraped, else as last scraped, else the residency model's default."""
+        name = e.endpoint.name
+        m = e.metrics
+        if m is not None and m.max_lora > 0:
+            self._max_lora[name] = m.max_lora
+            return m.max_lora
+        return self._max_lora.get(name, self._state.residency.params.default_max_lora)
+
+    def _scheduled_elsewhere(
+        self, name: str, holders: dict[str, int] | None, e: EndpointState, now: float
+    ) -> frozenset[str]:
+        """Adapters `name`'s fresh scrape shows in its batch that our ledger does not hold there,
+        unless we saw them finish there after that scrape."""
+        m = e.metrics
+        if m is None or not e.is_fresh(now, self._detector.staleness_threshold_s):
+            return frozenset()  # a stale scrape is no evidence of what holds its slots now
+        freed_at = self._freed_at
+        return frozenset(
+            active
+            for active in m.active_adapters
+            if active
+            and (holders is None or active not in holders)
+            and m.updated_at > freed_at.get((name, active), float("-inf"))
+        )
+
+    def _free_slots(
+        self,
+        name: str,
+        slots: int,
+        holders: dict[str, int] | None,
+        e: EndpointState,
+        now: float,
+        scheduled_elsewhere: int,
+    ) -> int:
+        m = e.metrics
+        held = 0 if holders is None else len(holders) - (BASE_MODEL in holders)
+        fresh = m is not None and e.is_fresh(now, self._detector.staleness_threshold_s)
+        if (
+            fresh
+            and m is not None
+            and m.deferred_requests > 0
+            and m.updated_at > self._last_finish.get(name, float("-inf"))
+        ):
+            return 0  # the pod has requests waiting for a slot, and nothing we know of freed one since
+        return slots - held - scheduled_elsewhere
+
+    def _drain_target(
+        self, candidates: Sequence[EndpointState], adapter: str, now: float
+    ) -> tuple[str, str] | None:
+        """The (endpoint, slot holder) whose slot frees soonest at the least cost, or None."""
+        inflight = self._state.inflight
+        popularity = self._state.popularity
+        best: tuple[int, float, str, str] | None = None
+        for e in candidates:
+            name = e.endpoint.name
+            if name in self.draining:
+                continue
+            holders = inflight.adapters(name)
+            if not holders:
+                continue
+            for holder, count in holders.items():
+                if holder in (BASE_MODEL, adapter):
+                    continue
+                key = (count, popularity.rate(holder, now), name, holder)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else (best[2], best[3])
+
+    def _on_flight(self, flight: Flight, finished: bool, now: float) -> None:
+        endpoint, adapter = flight.endpoint, flight.adapter
+        self._dirty.add(endpoint)
+        if not finished:
+            return
+        self._last_finish[endpoint] = now
+        if self._state.inflight.adapter_count(endpoint, adapter) == 0:
+            self._freed_at[(endpoint, adapter)] = now
+            if adapter != BASE_MODEL:
+                self._slot_freed_at[endpoint] = now
+                self._last_slot_freed = now
+            drain = self.draining.get(endpoint)
+            if drain is not None and drain[0] == adapter:
+                del self.draining[endpoint]
