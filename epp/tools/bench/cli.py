@@ -25,8 +25,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policies",
-        default=",".join(policies.ALL_POLICIES),
+        default=parser_default_policies(),
         help="comma-separated policies to compare (default: all)",
+    )
+    parser.add_argument(
+        "--config-file",
+        type=Path,
+        default=None,
+        help="an EndpointPickerConfig to compare as the policy `config`, as `epp serve --config-file` "
+        "runs it (add `config` to --policies when you give them)",
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
     parser.add_argument(
@@ -93,6 +100,14 @@ class ProgressBar:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.config_file is not None:
+            try:
+                text = args.config_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"--config-file: {exc}") from exc
+            added = policies.add_config(text)
+            if args.policies == parser_default_policies():
+                args.policies = f"{args.policies},{added}"
         names = policies.parse_policies(args.policies)
         sc = scenario.load(args.scenario).with_overrides(
             adapters=args.adapters,
@@ -142,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
             written = report.write_replica_outputs(results, args.out, command=command)
         print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+def parser_default_policies() -> str:
+    return ",".join(policies.ALL_POLICIES)
 
 
 def parse_counts(text: str) -> list[int]:

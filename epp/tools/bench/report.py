@@ -268,7 +268,8 @@ def flow_legend(result: BenchResult) -> list[str]:
     slo = result.scenario.slo.ttft_s
     lines = [
         "queue p50/p99: wait in the EPP's flow-control queues over measured requests (0 when never queued; "
-        "a 503 counts its TTL, a request still queued at the end ∞); 429s/503s: requests the EPP refused",
+        "a refused one until its refusal, one still queued at the end ∞); 429s/503s: requests the EPP "
+        "refused (429: admission shedding or a full queue; 503: a queue's TTL)",
     ]
     if workload.priorities:
         lines.append(

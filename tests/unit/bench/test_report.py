@@ -146,9 +146,29 @@ def test_cli_runs_replicas_without_the_exchange_when_asked(tmp_path: Path) -> No
     assert (doc["scenario"]["epp_replicas"], doc["scenario"]["epp_peers"]) == (2, False)
 
 
+def test_cli_compares_a_config_file_as_the_policy_config(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[3] / "examples" / "strict-priority.yaml"
+    argv = ["bench", "--scenario", "brief", "--duration", "20s", "--config-file", str(example)]
+    code = main(
+        [
+            *argv,
+            "--policies",
+            "default,config",
+            "--replica-search=false",
+            "--progress=false",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert set(doc["policies"]) == {"default", "config"}
+
+
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
+        (["--config-file", "/no/such.yaml"], "--config-file"),
         (["--scenario", "nope"], "unknown scenario"),
         (["--policies", "default,best"], "unknown policies best"),
         (["--trace", "/no/such.csv"], "neither a packaged trace nor a file"),
@@ -156,7 +176,7 @@ def test_cli_runs_replicas_without_the_exchange_when_asked(tmp_path: Path) -> No
         (["--epp-replicas", "1,x"], "counts such as 1,2,4"),
         (["--epp-replicas", "2,2"], "distinct counts"),
     ],
-    ids=["scenario", "policy", "trace", "adapters", "epp-replicas-word", "epp-replicas-twice"],
+    ids=["config-file", "scenario", "policy", "trace", "adapters", "epp-replicas-word", "epp-replicas-twice"],
 )
 def test_cli_bad_input_exits_2_with_a_message(
     argv: list[str], error: str, capsys: pytest.CaptureFixture[str]

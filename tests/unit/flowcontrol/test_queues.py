@@ -9,7 +9,12 @@ from dataclasses import dataclass
 import pytest
 
 from epp.picker.flowcontrol.controller import FlowController, Placement, Rejection
-from epp.picker.flowcontrol.queues import FAIRNESS_POLICIES, ORDERING_POLICIES, QueueItem
+from epp.picker.flowcontrol.queues import (
+    FAIRNESS_POLICIES,
+    ORDERING_POLICIES,
+    TOTAL_WAIT_AGE_CAP_S,
+    QueueItem,
+)
 from epp.picker.flowcontrol.settings import BandSettings, FlowControlSettings
 
 
@@ -367,14 +372,16 @@ def test_total_wait_compares_lanes_across_flows() -> None:
     assert names(run_pass(fc, now=0.9, budget=1)) == ["B-young"]
 
 
-def test_total_wait_serves_a_lane_that_waited_a_second_first_whatever_the_crowd() -> None:
+def test_total_wait_serves_a_lane_that_waited_past_the_cap_first_whatever_the_crowd() -> None:
     fc = make(BandSettings(ordering="total-wait"))
     put(fc, "lone", lane="cold", at=0.0)
     for i in range(10):
         put(fc, f"crowd{i}", lane="hot", at=0.05)
 
-    # The crowd has waited 9.5 s all together, but the lone request has waited a whole second.
-    assert names(run_pass(fc, now=1.0, budget=1)) == ["lone"]
+    # The crowd has waited nearly ten times as long all together, but the lone request has waited
+    # as long as the cap allows.
+    assert names(run_pass(fc, now=TOTAL_WAIT_AGE_CAP_S, budget=1)) == ["lone"]
+    assert names(run_pass(fc, now=TOTAL_WAIT_AGE_CAP_S, budget=1)) == ["crowd0"]
 
 
 def test_total_wait_lets_a_lone_old_request_overtake_a_steady_young_crowd() -> None:
