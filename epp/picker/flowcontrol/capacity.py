@@ -29,7 +29,7 @@ its other homes or wait. Its last request there finishes, and the slot frees for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +39,7 @@ from epp.picker.scheduling.framework import is_base_model
 from epp.picker.scheduling.inflight import Flight
 from epp.picker.scheduling.ledger import BASE_MODEL
 from epp.picker.scheduling.state import SchedulerState
-from epp.picker.scheduling.types import LLMRequest
+from epp.picker.scheduling.types import LLMRequest, NamedCandidates
 
 # Requests a pod never yet seen with a full batch is assumed to start at once between two scrapes.
 UNSEEN_BATCH_ROOM = 32
@@ -68,6 +68,17 @@ class _Room:
     # replica's, or finished for us before the pod finished them): a request for one joins them.
     scheduled: frozenset[str] = frozenset()
     joins: frozenset[str] = frozenset()  # adapters a request can join it for now (headroom, not drained)
+
+
+@dataclass(frozen=True, slots=True)
+class _Either:
+    """A name in either set (the open endpoints, and those a request's adapter joins)."""
+
+    first: Container[str]
+    second: Container[str]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.first or name in self.second
 
 
 class Gate(Protocol):
@@ -145,6 +156,8 @@ class SlotGate:
         self._with_headroom: set[str] = set()
         self._open: set[str] = set()
         self._joinable: dict[str, set[str]] = {}
+        self._sets_version = 0  # bumped when `_with_headroom` or `_open` changes
+        self._lists: dict[tuple[int, int], Sequence[EndpointState]] = {}
         state.ledger.listen(self._on_flight)
 
     # -- the gate ---------------------------------------------------------------------------
@@ -158,11 +171,25 @@ class SlotGate:
             return candidates
         base = is_base_model(request, self._state, candidates)
         adapter = BASE_MODEL if base else request.target_model
-        if candidates is self._swept:  # the whole pool: the indexes answer "nowhere" at once
-            if base and not self._with_headroom:
+        if candidates is self._swept:  # the whole pool: the indexes answer most requests at once
+            if base:
+                return self._listed(self._with_headroom, candidates)
+            joins = self._joinable.get(adapter)
+            if not self._open and not joins:
                 return ()
-            if not base and not self._open and adapter not in self._joinable:
-                return ()
+            held_back = any(drain[0] == adapter for drain in self.draining.values())
+            if not held_back:
+                # Where a slot is free, and where the adapter joins its batch: from the sets kept
+                # per endpoint, not by walking the pool. The open part is the same list object
+                # until an endpoint opens or fills.
+                opened = self._listed(self._open, candidates)
+                extra = joins - self._open if joins else None
+                if not extra:
+                    return opened
+                rooms = self._rooms
+                return NamedCandidates(
+                    [*opened, *(rooms[name].state for name in sorted(extra))], _Either(self._open, extra)
+                )
         rooms = self._rooms
         adapters_of = self._state.inflight.adapters
         keep: list[EndpointState] = []
@@ -186,11 +213,25 @@ class SlotGate:
                 keep.append(e)
         return candidates if len(keep) == len(candidates) else keep
 
+    def _listed(self, names: set[str], candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """The candidates in `names` (the open or the with-headroom set), in candidate order,
+        kept until either set changes (so `names` is what it was when the list was made)."""
+        key = (id(names), self._sets_version)
+        cached = self._lists.get(key)
+        if cached is None:
+            if len(names) == len(candidates):
+                cached = candidates
+            else:
+                cached = NamedCandidates((e for e in candidates if e.endpoint.name in names), names)
+            self._lists[key] = cached
+        return cached
+
     def _refresh(self, candidates: Sequence[EndpointState], now: float) -> None:
         """Bring the kept rooms up to date: all of them for new candidates (a new snapshot) or once
         a restricting scrape turns stale, else those whose in-flight set or drain changed."""
         if candidates is not self._swept or now > self._valid_until:
             self._swept = candidates
+            self._changed()
             self._rooms.clear()
             self._restricted.clear()
             self._with_headroom.clear()
@@ -225,6 +266,7 @@ class SlotGate:
                     if not at:
                         del self._joinable[adapter]
         joins: frozenset[str] = frozenset()
+        was = (name in self._with_headroom, name in self._open)
         if headroom:
             drain = self.draining.get(name)
             joins = frozenset(holders or ()) | scheduled
@@ -239,6 +281,8 @@ class SlotGate:
             self._open.add(name)
         else:
             self._open.discard(name)
+        if was != (name in self._with_headroom, name in self._open):
+            self._changed()
         self._rooms[name] = _Room(e, headroom, free, scheduled, joins)
         if not headroom or (free is not None and free <= 0) or name in self.draining:
             self._restricted.add(name)
@@ -324,6 +368,10 @@ class SlotGate:
             queued + max(0, unseen - room) <= self._detector.queue_depth_threshold
             and m.kv_cache_usage <= self._detector.kv_cache_util_threshold
         )
+
+    def _changed(self) -> None:
+        self._sets_version += 1
+        self._lists.clear()
 
     def _slots(self, e: EndpointState) -> int:
         """Its LoRA slots: as scraped, else as last scraped, else the residency model's default."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -21,7 +21,7 @@ from epp.errors import EppError, ErrorCode
 from epp.picker.datastore.types import EndpointState, Snapshot
 from epp.picker.scheduling.ledger import BASE_MODEL
 from epp.picker.scheduling.state import SchedulerState
-from epp.picker.scheduling.types import LLMRequest, Scheduler, SchedulingResult
+from epp.picker.scheduling.types import LLMRequest, NamedCandidates, Scheduler, SchedulingResult
 
 
 @dataclass(slots=True)
@@ -186,6 +186,7 @@ class ProfileScheduler:
         self._max_scored = max_scored_endpoints
         self._observed_snapshot: Snapshot | None = None
         self._view: _FreshView | None = None
+        self._pool: _FreshView | None = None  # the whole snapshot's, for sampling part of it
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
@@ -207,6 +208,18 @@ class ProfileScheduler:
             if pool != self.state.pool:
                 self.state.pool = pool
         ctx = ScheduleContext(request=request, snapshot=snapshot, now=now, state=self.state)
+        if self._max_scored and candidates is not snapshot.endpoints and len(candidates) > self._max_scored:
+            # Part of a large pool (flow control's gate, a subset hint): sample from the pool's
+            # view, which lasts while the snapshot does, and keep what is among the candidates,
+            # instead of building a view of a list that differs at every decision.
+            names: Container[str] = (
+                candidates.names
+                if isinstance(candidates, NamedCandidates)
+                else {e.endpoint.name for e in candidates}
+            )
+            sampled = self._sample(request, self._pool_view(snapshot, now), names)
+            if len(sampled) >= min(self._max_scored, len(candidates)) // 2:
+                return self.profile.run(ctx, sampled, self._timing)
         view = self._view
         if view is None or not view.valid(snapshot, candidates, now):
             view = self._view = _FreshView.build(snapshot, candidates, now, self.state.staleness_threshold_s)
@@ -215,10 +228,20 @@ class ProfileScheduler:
             usable = self._sample(request, view)
         return self.profile.run(ctx, list(usable), self._timing)
 
-    def _sample(self, request: LLMRequest, view: _FreshView) -> list[EndpointState]:
+    def _pool_view(self, snapshot: Snapshot, now: float) -> _FreshView:
+        view = self._pool
+        if view is None or not view.valid(snapshot, snapshot.endpoints, now):
+            view = self._pool = _FreshView.build(
+                snapshot, snapshot.endpoints, now, self.state.staleness_threshold_s
+            )
+        return view
+
+    def _sample(
+        self, request: LLMRequest, view: _FreshView, allowed: Container[str] | None = None
+    ) -> list[EndpointState]:
         """At most `max_scored_endpoints`: the adapter's homes (up to three quarters of them,
         a random subset when there are more; its planned homes fill what is left of that
-        share) plus a random sample of the other endpoints.
+        share) plus a random sample of the other endpoints; with `allowed`, only those.
 
         The others always get a quarter or more, so spill-over and free slots stay in view for
         an adapter with many homes. O(homes + sample), not O(pool): the pool is only indexed.
@@ -226,20 +249,26 @@ class ProfileScheduler:
         rng = self.state.rng
         residency = self.state.residency
         by_name = view.by_name
+        usable: Container[str] = by_name.keys() if allowed is None else allowed
         adapter = request.target_model
-        keep = [by_name[h] for h in residency.sorted_homes(adapter) if h in by_name]
+        keep = [by_name[h] for h in residency.sorted_homes(adapter) if h in usable and h in by_name]
         home_cap = self._max_scored - self._max_scored // 4
         homes = residency.homes(adapter)
         if len(keep) > home_cap:
             keep = rng.sample(keep, home_cap)
         else:  # room left: where the placement plan puts the adapter, so replicas agree at any pool size
             planned = (
-                by_name[h] for h in self.state.plan.ranked_homes(adapter) if h in by_name and h not in homes
+                by_name[h]
+                for h in self.state.plan.ranked_homes(adapter)
+                if h in usable and h in by_name and h not in homes
             )
             keep.extend(itertools.islice(planned, home_cap - len(keep)))
         room = self._max_scored - len(keep)
         kept = {e.endpoint.name for e in keep}
-        window = view.window(rng, room + len(keep))
+        if allowed is None:
+            window = view.window(rng, room + len(keep))
+        else:  # a wider window: part of it is not allowed
+            window = [e for e in view.window(rng, 4 * (room + len(keep))) if e.endpoint.name in allowed]
         extra = [e for e in window if e.endpoint.name not in homes and e.endpoint.name not in kept]
         return keep + extra[:room]
 

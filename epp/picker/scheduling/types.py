@@ -6,7 +6,7 @@ an ordered list of endpoints out. No I/O, no `await`, time passed in by the call
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -35,6 +35,21 @@ class LLMRequest:
     @property
     def sheddable(self) -> bool:
         return self.criticality is Criticality.SHEDDABLE or self.priority < 0
+
+
+class NamedCandidates(list[EndpointState]):
+    """Candidates that also answer "is this endpoint among them?" by name without a walk.
+
+    Flow control's gate builds them from what it keeps per endpoint; a scheduler that samples a
+    large pool checks its sample against `names` instead of indexing the whole list per decision.
+    `names` may be a live view: read it during the decision the list was made for.
+    """
+
+    __slots__ = ("names",)
+
+    def __init__(self, endpoints: Iterable[EndpointState], names: Container[str]) -> None:
+        super().__init__(endpoints)
+        self.names = names
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from epp.picker.datastore.types import EndpointState
 from epp.picker.flowcontrol.capacity import SaturationGate, SlotGate
 from epp.picker.scheduling.ledger import BASE_MODEL
 from epp.picker.scheduling.state import SchedulerState
-from epp.picker.scheduling.types import LLMRequest
+from epp.picker.scheduling.types import LLMRequest, NamedCandidates
 from tests.unit.scheduling.helpers import BASE, endpoint_state
 
 NOW = 100.0
@@ -174,14 +174,17 @@ def test_placeable_is_the_candidates_themselves_when_all_can_start() -> None:
     assert pool.gate.placeable(request("a"), pods, NOW) is pods
 
 
-def test_placeable_keeps_the_candidates_order_when_some_cannot_start() -> None:
+def test_placeable_keeps_free_slots_in_candidate_order_then_the_pods_an_adapter_joins() -> None:
     pool = Pool()
     pods = [endpoint_state(i, updated_at=NOW, max_lora=1) for i in range(4)]
     pool.route(pods[1], "busy")
     pool.route(pods[2], "a")
 
-    assert pool.can_start("a", pods) == [pods[0].name, pods[2].name, pods[3].name]
+    assert pool.can_start("a", pods) == [pods[0].name, pods[3].name, pods[2].name]
     assert pool.can_start("b", list(reversed(pods))) == [pods[3].name, pods[0].name]
+    start = pool.gate.placeable(request("a"), pods, NOW)
+    assert isinstance(start, NamedCandidates)  # answers by name too, for a scheduler's sample
+    assert [name in start.names for name in (p.name for p in pods)] == [True, False, True, True]
 
 
 # -- the starvation guard -----------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
@@ -14,11 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from epp.picker.flowcontrol.controller import FlowController, Placement, Rejection
 from epp.picker.flowcontrol.queues import FAIRNESS_POLICIES, ORDERING_POLICIES, QueueItem
 from epp.picker.flowcontrol.settings import BandSettings, FlowControlSettings
-
-
-@dataclass(eq=False)
-class Req:
-    name: str
+from tests.unit.flowcontrol.helpers import Req, names, put
 
 
 def make(
@@ -37,28 +32,6 @@ def make(
             request_ttl_s=request_ttl_s,
         )
     )
-
-
-def put(
-    fc: FlowController[Req],
-    name: str,
-    *,
-    flow: str = "t",
-    priority: int = 0,
-    lane: Hashable = "a",
-    size: int = 1,
-    at: float = 0.0,
-    ttl_s: float = 0.0,
-) -> QueueItem[Req]:
-    item = fc.enqueue(
-        Req(name), fairness_id=flow, priority=priority, lane=lane, size=size, now=at, ttl_s=ttl_s
-    )
-    assert not isinstance(item, Rejection)
-    return item
-
-
-def names(items: list[QueueItem[Req]]) -> list[str]:
-    return [item.payload.name for item in items]
 
 
 class Placer:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass
 
 import pytest
 
-from epp.picker.flowcontrol.controller import FlowController, Placement, Rejection
+from epp.picker.flowcontrol.controller import FlowController, Placement
 from epp.picker.flowcontrol.queues import (
     FAIRNESS_POLICIES,
     ORDERING_POLICIES,
@@ -16,11 +15,7 @@ from epp.picker.flowcontrol.queues import (
     QueueItem,
 )
 from epp.picker.flowcontrol.settings import BandSettings, FlowControlSettings
-
-
-@dataclass(eq=False)
-class Req:
-    name: str
+from tests.unit.flowcontrol.helpers import Req, names, put
 
 
 def make(
@@ -28,24 +23,6 @@ def make(
 ) -> FlowController[Req]:
     settings = FlowControlSettings(enabled=True, default_band=band or BandSettings(), bands=bands or {})
     return FlowController(settings)
-
-
-def put(
-    fc: FlowController[Req],
-    name: str,
-    *,
-    flow: str = "t",
-    priority: int = 0,
-    lane: Hashable = "a",
-    size: int = 1,
-    at: float = 0.0,
-    ttl_s: float = 0.0,
-) -> QueueItem[Req]:
-    item = fc.enqueue(
-        Req(name), fairness_id=flow, priority=priority, lane=lane, size=size, now=at, ttl_s=ttl_s
-    )
-    assert not isinstance(item, Rejection)
-    return item
 
 
 def run_pass(
@@ -67,10 +44,6 @@ def run_pass(
     result = fc.dispatch(now, place)
     assert result.placed == placed
     return placed
-
-
-def names(items: Sequence[QueueItem[Req]]) -> list[str]:
-    return [item.payload.name for item in items]
 
 
 def flows_of(items: Sequence[QueueItem[Req]]) -> list[str]:
