@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -267,10 +267,18 @@ class ProfileScheduler:
         kept = {e.endpoint.name for e in keep}
         if allowed is None:
             window = view.window(rng, room + len(keep))
-        else:  # a wider window: part of it is not allowed
-            window = [e for e in view.window(rng, 4 * (room + len(keep))) if e.endpoint.name in allowed]
-        extra = [e for e in window if e.endpoint.name not in homes and e.endpoint.name not in kept]
-        return keep + extra[:room]
+            extra = [e for e in window if e.endpoint.name not in homes and e.endpoint.name not in kept]
+            return keep + extra[:room]
+        # Part of the pool allowed: walk the shuffled pool from a random point until `room` are found.
+        extra = []
+        if room > 0:
+            for e in view.walk(rng):
+                name = e.endpoint.name
+                if name in allowed and name not in homes and name not in kept:
+                    extra.append(e)
+                    if len(extra) == room:
+                        break
+        return keep + extra
 
     def on_routed(self, request: LLMRequest, result: SchedulingResult, now: float) -> None:
         for observer in self._observers:
@@ -307,11 +315,24 @@ class _FreshView:
         n = len(self.fresh)
         if size >= n:
             return self.fresh
-        if not self._shuffled:
-            order = rng.sample(self.fresh, n)
-            self._shuffled.append(order + order)
+        twice = self._twice_shuffled(rng)
         start = rng.randrange(n)
-        return self._shuffled[0][start : start + size]
+        return twice[start : start + size]
+
+    def _twice_shuffled(self, rng: random.Random) -> list[EndpointState]:
+        if not self._shuffled:
+            order = rng.sample(self.fresh, len(self.fresh))
+            self._shuffled.append(order + order)
+        return self._shuffled[0]
+
+    def walk(self, rng: random.Random) -> Iterator[EndpointState]:
+        """Every fresh endpoint once, in the shuffled order from a random point (lazily)."""
+        n = len(self.fresh)
+        if n == 0:
+            return iter(())
+        twice = self._twice_shuffled(rng)
+        start = rng.randrange(n)
+        return itertools.islice(twice, start, start + n)
 
     @classmethod
     def build(

@@ -149,6 +149,24 @@ def test_large_pool_scores_a_sample_but_always_the_homes() -> None:
     assert other.primary.name in names
 
 
+def test_a_subset_of_a_pool_just_above_the_cap_is_sampled_across_all_of_it() -> None:
+    """Flow control's gate hands the scheduler part of the pool; the pods scored beyond the
+    adapter's homes must be a fresh draw over all of that part, not its first pods every time."""
+    cap = MAX_SCORED_ENDPOINTS["default"]
+    scheduler = _default()
+    states = [endpoint_state(i, updated_at=NOW) for i in range(cap + cap // 2)]
+    subset = states[: len(states) - 2]  # the gate kept all but two
+    snapshot = snapshot_of(states, NOW)
+    seen: set[str] = set()
+    for i in range(40):
+        result = scheduler.schedule(_request("cold", i), subset, snapshot, NOW)
+        scored = {e.name for e in result.endpoints}
+        assert len(scored) == cap
+        assert scored <= {s.name for s in subset}
+        seen |= scored
+    assert seen == {s.name for s in subset}
+
+
 def test_adapter_with_many_homes_is_scored_on_a_capped_sample_with_room_for_other_pods() -> None:
     cap = MAX_SCORED_ENDPOINTS["default"]
     scheduler = _default()
