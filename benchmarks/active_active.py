@@ -2,7 +2,11 @@
 with one `epp serve` and with several exchanging their routing (`--peers`), same workload.
 
 Run:  .venv/bin/python -m benchmarks.active_active [--replicas 1,2] [--rate 16] [--requests 480]
-      [--pods 4] [--seed 1]
+      [--pods 4] [--seed 1] [--peers tls|plaintext|both]
+
+`--peers` says how replicas exchange their routing: over mutual TLS (`tls`, the default, as the
+chart and manifests run it), in plaintext (`--peer-insecure`), or `both`: every count above one
+is measured twice, TLS first, on stacks started one after the other in the same run.
 
 Each count gets its own stack (real Envoy whose EPP cluster has every replica, `epp sim` pods as
 `benchmarks/soak.py` configures them, the EPPs scraping every second), one after the other. The
@@ -11,7 +15,7 @@ and the base model, open loop at `--rate`. EPP CPU is every replica's utime + st
 /proc/<pid>/stat over the run, net of the replicas' own background (their CPU over an idle window
 of the same length just before, scraping and, with peers, heartbeats). Prints, per count: requests,
 errors, EPP CPU ms per request (all replicas together), requests per EPP CPU-second, the pods' adapter
-loads, and the ratio of each to the first count's.
+loads, and the ratio of each to the first row's.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from epp.tools.localstack import LocalStack
 @dataclasses.dataclass(frozen=True, slots=True)
 class Figures:
     replicas: int
+    peers: str  # "tls", "plaintext", or "-" for one replica
     requests: int
     errors: int
     cpu_ms_per_request: float
@@ -47,9 +52,11 @@ def epp_cpu_s(stack: LocalStack, replicas: int) -> float:
     return sum(cpu_s(pid) for pid in pids)
 
 
-async def measure(replicas: int, args: argparse.Namespace) -> Figures:
+async def measure(replicas: int, peer_tls: bool, args: argparse.Namespace) -> Figures:
     options = dataclasses.replace(
-        stack_options(args.pods, RoutingMode.EPP, process_responses=False), epp_replicas=replicas
+        stack_options(args.pods, RoutingMode.EPP, process_responses=False),
+        epp_replicas=replicas,
+        peer_tls=peer_tls,
     )
     with LocalStack(options, seed=args.seed) as stack:
         window_s = args.requests / args.rate
@@ -64,11 +71,18 @@ async def measure(replicas: int, args: argparse.Namespace) -> Figures:
         elapsed_s = time.perf_counter() - started
         net_cpu_s = epp_cpu_s(stack, replicas) - cpu_before - background_per_s * elapsed_s
         loads = sum(stack.adapter_loads().values()) - loads_before
-    return Figures(replicas, args.requests, samples.errors, 1000.0 * net_cpu_s / args.requests, loads)
+    peers = "-" if replicas == 1 else ("tls" if peer_tls else "plaintext")
+    return Figures(replicas, peers, args.requests, samples.errors, 1000.0 * net_cpu_s / args.requests, loads)
+
+
+def runs(replicas: Sequence[int], peers: str) -> list[tuple[int, bool]]:
+    """(replica count, peer TLS) per stack, in the order they run."""
+    modes = {"tls": [True], "plaintext": [False], "both": [True, False]}[peers]
+    return [(count, tls) for count in replicas for tls in (modes if count > 1 else [True])]
 
 
 async def run(args: argparse.Namespace) -> list[Figures]:
-    return [await measure(count, args) for count in args.replicas]
+    return [await measure(count, tls, args) for count, tls in runs(args.replicas, args.peers)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,15 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=480)
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--peers", choices=("tls", "plaintext", "both"), default="tls")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     figures = asyncio.run(run(args))
     first = figures[0]
-    print(f"{'replicas':>8} {'requests':>8} {'errors':>6} {'EPP CPU ms/req':>14} {'req/CPU-s':>9} "
-          f"{'vs first':>8} {'adapter loads':>13}")  # fmt: skip
+    print(f"{'replicas':>8} {'peers':>9} {'requests':>8} {'errors':>6} {'EPP CPU ms/req':>14} "
+          f"{'req/CPU-s':>9} {'vs first':>8} {'adapter loads':>13}")  # fmt: skip
     for f in figures:
         print(
-            f"{f.replicas:>8} {f.requests:>8} {f.errors:>6} {f.cpu_ms_per_request:>14.3f} "
+            f"{f.replicas:>8} {f.peers:>9} {f.requests:>8} {f.errors:>6} {f.cpu_ms_per_request:>14.3f} "
             f"{f.requests_per_cpu_s:>9.0f} {f.cpu_ms_per_request / first.cpu_ms_per_request:>7.2f}x "
             f"{f.adapter_loads:>13.0f}"
         )

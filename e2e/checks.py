@@ -89,6 +89,23 @@ def check_the_epp_learns_how_requests_end(stack: Stack) -> None:
         assert entry["served"] in (None, endpoints[reply.pod]), (entry, reply.pod)
 
 
+def check_the_gateways_access_log_finishes_requests(stack: Stack) -> None:
+    """On a gateway that sends the EPP its gRPC access log, entries finish the requests the EPP
+    routed: `inference_extension_request_finished_total{source="access-log"}` moves after traffic."""
+    if not stack.gateway_access_log:
+        pytest.skip("this gateway sends no gRPC access log (agentgateway: OTLP logs only)")
+    before = stack.epp_finished_by("access-log")
+    requests = 3 * len(stack.adapters)
+    _ok(complete_many(stack.gateway_url, list(stack.adapters) * 3, concurrency=2))
+    # Entries are batched (every 1 s at Envoy's default) and sent after each response ends.
+    moved = eventually_value(
+        lambda: delta if (delta := stack.epp_finished_by("access-log") - before) > 0 else None,
+        within_s=30,
+        what='inference_extension_request_finished_total{source="access-log"} to move',
+    )
+    assert moved <= requests, f"{moved} finished from the access log for {requests} requests sent"
+
+
 def check_fail_open_serves_without_the_epp(stack: Stack) -> None:
     """A FailOpen pool keeps answering 200 while its EPP is gone, and routing resumes after."""
     if not stack.fail_open:
@@ -195,6 +212,7 @@ def check_ha_failover(stack: Stack) -> None:
 CHECKS: dict[str, Callable[[Stack], None]] = {
     "follow-pick": check_requests_follow_the_epp_pick,
     "request-finished": check_the_epp_learns_how_requests_end,
+    "access-log-finishes": check_the_gateways_access_log_finishes_requests,
     "apply-inference-model": check_applied_inference_model_takes_effect,
     "adapter-affinity": check_adapter_affinity_cuts_swaps,
     "weighted-split": check_weighted_split_across_two_pools,

@@ -24,13 +24,14 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from e2e.stack import Baseline, Split
+from e2e.stack import Baseline, Split, finished_by_in
 from epp.kube.leader import lease_name_for
 
 POOL_NAME = "vllm-llama3-8b"
 EPP_DEPLOYMENT = "vllm-llama3-8b-epp"
 SIM_SELECTOR = "app=vllm"
 EPP_SELECTOR = "app.kubernetes.io/instance=vllm-llama3-8b-epp"
+EPP_METRICS_PORT = 9090
 ADAPTERS = ("legal-lora-v1", "legal-lora-v2", "medical-lora", "sql-lora")
 ADAPTER_LOADS_METRIC = "vllm_sim:lora_adapter_loads_total"
 SECOND_POOL_DIR = pathlib.Path(__file__).parent / "manifests" / "second-pool"
@@ -251,6 +252,21 @@ class ClusterStack:
 
     def adapter_loads(self) -> float:
         return self._loads(SIM_SELECTOR)
+
+    @property
+    def gateway_access_log(self) -> bool:
+        # kind/up.sh records the gateway; agentgateway has no gRPC access log (OTLP logs only).
+        return self._settings().get("gateway", "") != "agentgateway"
+
+    def epp_finished_by(self, source: str) -> float:
+        total = 0.0
+        for pod in self._pods(EPP_SELECTOR):
+            with contextlib.suppress(ApiException):
+                text: str = self._core.connect_get_namespaced_pod_proxy_with_path(
+                    f"{pod.metadata.name}:{EPP_METRICS_PORT}", self.namespace, "metrics"
+                )
+                total += finished_by_in(text, source)
+        return total
 
     def epp_log_lines(self) -> list[str]:
         lines: list[str] = []

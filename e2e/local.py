@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 
 import yaml
 
-from e2e.stack import Baseline, Split
+from e2e.stack import Baseline, Split, finished_by_in
 from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.config import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions, pool_yaml
@@ -105,6 +106,15 @@ class LocalE2EStack:
 
     def adapter_loads(self) -> float:
         return sum(self.local.adapter_loads().values())
+
+    @property
+    def gateway_access_log(self) -> bool:
+        return self.local.options.access_log
+
+    def epp_finished_by(self, source: str) -> float:
+        url = f"http://127.0.0.1:{self.local.epp_metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return finished_by_in(response.read().decode(), source)
 
     def epp_log_lines(self) -> list[str]:
         path = self.local.workdir / "epp.log"

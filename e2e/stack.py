@@ -66,6 +66,13 @@ class Stack(Protocol):
         """Every log line the EPP has written so far (JSON lines; at least --v=4 for picks)."""
 
     @property
+    def gateway_access_log(self) -> bool:
+        """Whether the gateway sends the EPP its gRPC access log (every one we ship but agentgateway)."""
+
+    def epp_finished_by(self, source: str) -> float:
+        """`inference_extension_request_finished_total{source=...}` summed over the EPP replicas."""
+
+    @property
     def baseline(self) -> Baseline | None: ...
 
     @property
@@ -96,6 +103,19 @@ def picks_from_log(lines: Sequence[str]) -> list[tuple[str, str]]:
         if entry.get("msg") == "request routed" and isinstance(entry.get("destination"), str):
             picks.append((str(entry.get("request_id", "")), str(entry["destination"])))
     return picks
+
+
+def finished_by_in(metrics_text: str, source: str) -> float:
+    """`inference_extension_request_finished_total{source=...}` in one EPP's /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == "inference_extension_request_finished_total"
+        and sample.labels.get("source") == source
+    )
 
 
 def finished_from_log(lines: Sequence[str]) -> list[tuple[str, dict[str, object]]]:

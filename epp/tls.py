@@ -1,7 +1,10 @@
-"""TLS material for the ext_proc server: a self-signed certificate made in memory, or files.
+"""TLS material: for the ext_proc server a self-signed certificate made in memory, or files; for
+the peer exchange (mutual TLS between active-active replicas) a CA and the certificates it signs.
 
 Data planes are configured to accept the EPP's certificate without verification (upstream
 does the same), so a fresh self-signed certificate per start is enough when no files are given.
+Peers verify each other, so their certificates come from one CA per pool (`new_ca`, `issue`:
+what tests and the local stack use; clusters get theirs from the chart or a script).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from epp.errors import ConfigError
 
@@ -56,6 +59,91 @@ def self_signed(
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
+    return KeyPair(
+        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
+        key_pem=key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+
+
+def new_ca(
+    *, common_name: str = "lora-epp peer CA", valid_days: int = 3650, now: datetime.datetime | None = None
+) -> KeyPair:
+    """A P-256 key and a self-signed CA certificate that may sign leaf certificates only."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        _validity(x509.CertificateBuilder(), now, valid_days)
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return _pair(cert, key)
+
+
+def issue(
+    ca: KeyPair,
+    *,
+    dns_names: list[str],
+    valid_days: int = 3650,
+    now: datetime.datetime | None = None,
+) -> KeyPair:
+    """A certificate signed by `ca` for `dns_names` (the first is also the CN), good for both ends
+    of a TLS connection (server and client authentication), as a peer replica needs."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _validity(x509.CertificateBuilder(), now, valid_days)
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return _pair(cert, key)
+
+
+def _validity(
+    builder: x509.CertificateBuilder, now: datetime.datetime | None, valid_days: int
+) -> x509.CertificateBuilder:
+    start = now if now is not None else datetime.datetime.now(datetime.UTC)
+    return builder.not_valid_before(start - datetime.timedelta(minutes=5)).not_valid_after(
+        start + datetime.timedelta(days=valid_days)
+    )
+
+
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _pair(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> KeyPair:
     return KeyPair(
         cert_pem=cert.public_bytes(serialization.Encoding.PEM),
         key_pem=key.private_bytes(

@@ -38,6 +38,9 @@ DESTINATION_ENDPOINT_KEY = "x-gateway-destination-endpoint"
 SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
 # Ours: the key the EPP gives each routed request, returned by the gateway's access-log entry.
 COMPLETION_KEY = "lora-epp-completion-key"
+# The same key as a request header, for gateways whose ext_proc filter drops the EPP's dynamic
+# metadata (Envoy AI Gateway accepts no namespace): their access log records the header instead.
+COMPLETION_KEY_HEADER = "x-lora-epp-completion-key"
 SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
 

@@ -40,7 +40,12 @@ from epp.picker.datastore.store import Datastore
 from epp.picker.director import Director, admit_all
 from epp.picker.extproc.accesslog import AccessLogReceiver
 from epp.picker.extproc.completions import Completions
-from epp.picker.extproc.server import ExternalProcessor, build_ext_proc_server, server_credentials
+from epp.picker.extproc.server import (
+    ExternalProcessor,
+    StreamCountsCollector,
+    build_ext_proc_server,
+    server_credentials,
+)
 from epp.picker.extproc.stream import StreamOptions, StreamSettings
 from epp.picker.flowcontrol.settings import PUMP_INTERVAL_S
 from epp.picker.listen import ListenError
@@ -53,7 +58,21 @@ from epp.picker.observability.health import Health, build_health_server
 from epp.picker.observability.http import build_app, start_http
 from epp.picker.observability.metrics import EppMetrics, PoolCollector
 from epp.picker.observability.observer import Observer
-from epp.picker.peers import PeerSender, PeerService, build_peer_server, parse_peers, peers_route, process_id
+from epp.picker.observability.pool import pool_routes
+from epp.picker.peers import (
+    PeerRefusals,
+    PeerSender,
+    PeerServer,
+    PeerService,
+    PeerTls,
+    PeerTlsFiles,
+    build_peer_server,
+    load_peer_tls,
+    parse_peers,
+    peer_identity,
+    peers_route,
+    process_id,
+)
 from epp.picker.scheduling.framework import ProfileScheduler
 from epp.picker.scheduling.shared import PeerReplicator
 from epp.picker.scheduling.state import SchedulerState
@@ -226,7 +245,9 @@ def _build_parts(settings: ServeSettings, clock: Clock) -> _Parts:
     adapters = _build_adapters(settings, datastore, clock, scheduler_state)
     if adapters.parts is not None:
         telemetry.registry.register(AdapterCollector(adapters.parts))
-    peers = _build_peers(settings, shared, clock, director) if shared is not None else None
+    peers = (
+        _build_peers(settings, shared, clock, director, telemetry.registry) if shared is not None else None
+    )
     return _Parts(datastore, telemetry, director, source, synced, refresher, elector, adapters, peers)
 
 
@@ -237,12 +258,24 @@ class _Peers:
     service: PeerService
     sender: PeerSender
     route: web.RouteDef
+    tls: PeerTls | None  # None: plaintext (`--peer-insecure`)
+    refusals: PeerRefusals
 
 
-def _build_peers(settings: ServeSettings, shared: PeerReplicator, clock: Clock, director: Director) -> _Peers:
+def _build_peers(
+    settings: ServeSettings,
+    shared: PeerReplicator,
+    clock: Clock,
+    director: Director,
+    registry: CollectorRegistry,
+) -> _Peers:
     own_id = shared.own_id
     pool = f"{settings.pool_namespace}/{settings.pool_name}"
-    service = PeerService(shared, own_id=own_id, pool=pool, clock=clock, on_applied=director.pump)
+    tls = _peer_tls(settings)
+    refusals = PeerRefusals(registry, clock)
+    service = PeerService(
+        shared, own_id=own_id, pool=pool, clock=clock, refusals=refusals, on_applied=director.pump
+    )
     sender = PeerSender(
         shared,
         parse_peers(settings.peers),
@@ -250,8 +283,28 @@ def _build_peers(settings: ServeSettings, shared: PeerReplicator, clock: Clock, 
         pool=pool,
         clock=clock,
         interval_s=settings.peer_interval_s,
+        tls=tls,
     )
-    return _Peers(service, sender, peers_route(shared, service, sender, clock, own_id=own_id))
+    route = peers_route(shared, service, sender, clock, own_id=own_id, refusals=refusals, tls=tls is not None)
+    return _Peers(service, sender, route, tls, refusals)
+
+
+def _peer_tls(settings: ServeSettings) -> PeerTls | None:
+    """The peer certificates, read and checked now; plaintext only when asked for by name."""
+    ca, cert, key = settings.peer_tls_ca, settings.peer_tls_cert, settings.peer_tls_key
+    if ca is not None and cert is not None and key is not None:
+        identity = peer_identity(settings.pool_namespace, settings.pool_name)
+        return load_peer_tls(PeerTlsFiles(ca, cert, key), identity)
+    if not settings.peer_insecure:
+        raise ConfigError(
+            "--peers needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key, or --peer-insecure"
+        )
+    log.warning(
+        "peer exchange in plaintext (--peer-insecure): anyone who reaches the peer port can feed "
+        "this replica routing events; keep a NetworkPolicy in front of it",
+        extra={"peer_port": settings.peer_port},
+    )
+    return None
 
 
 @dataclass(slots=True)
@@ -269,14 +322,15 @@ class _Servers:
     grpc_health: grpc.aio.Server
     http: web.AppRunner
     ports: BoundPorts
-    peer: grpc.aio.Server | None = None  # the peer exchange, with `--peers`
+    peer: PeerServer | None = None  # the peer exchange, with `--peers`
     _started: list[grpc.aio.Server] = field(default_factory=list, init=False)
 
     async def start(self) -> None:
-        for server in (self.grpc_health, self.ext_proc, self.peer):
-            if server is not None:
-                await server.start()
-                self._started.append(server)
+        for server in (self.grpc_health, self.ext_proc):
+            await server.start()
+            self._started.append(server)
+        if self.peer is not None:
+            await self.peer.start()
 
     def lifecycle(self, stop: asyncio.Event, drain_period_s: float, director: Director) -> _Lifecycle:
         return _Lifecycle(stop, self.health, drain_period_s, self.access_log, self.completions, director)
@@ -288,8 +342,8 @@ class _Servers:
             await self.ext_proc.stop(grace_s)
         if self.grpc_health in self._started:
             await self.grpc_health.stop(0)
-        if self.peer is not None and self.peer in self._started:
-            await self.peer.stop(0)
+        if self.peer is not None:
+            await self.peer.stop()
         await self.http.cleanup()
 
 
@@ -301,6 +355,7 @@ async def _open_servers(
     completions = Completions(clock, wait_s=settings.access_log_timeout_s)
     access_log = AccessLogReceiver(completions)
     processor = _build_processor(settings, parts, completions, clock)
+    parts.telemetry.registry.register(StreamCountsCollector(processor.counts))
     credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
     ext_server, grpc_port = build_ext_proc_server(
         processor,
@@ -315,9 +370,14 @@ async def _open_servers(
     )
     peer_server, peer_port = None, 0
     if parts.peers is not None:
-        peer_server, peer_port = build_peer_server(
-            parts.peers.service, host=settings.host, port=settings.peer_port
+        peer_server = await build_peer_server(
+            parts.peers.service,
+            host=settings.host,
+            port=settings.peer_port,
+            tls=parts.peers.tls,
+            refusals=parts.peers.refusals,
         )
+        peer_port = peer_server.port
     http_app = _build_http_app(parts, health, metrics_token, clock)
     runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
     ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port, peer=peer_port)
@@ -360,6 +420,7 @@ def _build_http_app(
         extra_routes=(
             decisions_route(parts.telemetry.observer.decisions),
             flow_control_route(parts.director, parts.datastore, clock),
+            *pool_routes(parts.director, parts.datastore, parts.telemetry.observer.decisions, clock),
             *parts.adapters.routes,
             *((parts.peers.route,) if parts.peers is not None else ()),
         ),

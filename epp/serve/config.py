@@ -72,6 +72,12 @@ class ServeSettings:
     peers: str = ""  # NAME:PORT[,...] of the other active-active replicas; "" = none
     peer_port: int = 9004
     peer_interval_s: float = 0.1
+    # Mutual TLS on the peer exchange: the pool's CA, this replica's certificate and key. Without
+    # them `--peers` needs `peer_insecure` (plaintext, said so loudly at start).
+    peer_tls_ca: pathlib.Path | None = None
+    peer_tls_cert: pathlib.Path | None = None
+    peer_tls_key: pathlib.Path | None = None
+    peer_insecure: bool = False
 
     @property
     def lease_name(self) -> str:
@@ -272,7 +278,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=_port,
         default=9004,
         metavar="PORT",
-        help="where the peer exchange listens, plaintext: keep it to the EPP's own pods (default 9004)",
+        help="where the peer exchange listens (mutual TLS unless --peer-insecure) (default 9004)",
     )
     net.add_argument(
         "--peer-interval",
@@ -281,6 +287,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how often each peer gets a batch (an empty one is a heartbeat; a peer silent for 50 "
         "intervals, at least 1 s, is forgotten with its requests) (default 100ms)",
+    )
+    for flag, what in (
+        ("--peer-tls-ca", "the pool's peer CA certificate (PEM): peers must present a certificate it signed"),
+        ("--peer-tls-cert", "this replica's peer certificate (PEM), signed by --peer-tls-ca, with the DNS "
+         "name <pool-name>.<pool-namespace>.epp-peers"),
+        ("--peer-tls-key", "the key of --peer-tls-cert (PEM, unencrypted)"),
+    ):  # fmt: skip
+        net.add_argument(
+            flag,
+            type=pathlib.Path,
+            default=None,
+            metavar="FILE",
+            help=f"{what}; with --peers, all three are required unless --peer-insecure (read at start)",
+        )
+    add_bool_flag(
+        parser,
+        "--peer-insecure",
+        default=False,
+        help="run the peer exchange in plaintext, without certificates: anyone who reaches "
+        "--peer-port can feed this replica routing events, so only behind a NetworkPolicy",
     )
 
     sched = parser.add_argument_group("scheduling")
@@ -395,6 +421,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
             raise ConfigError(
                 "--peers runs replicas active-active, --ha-enable-leader-election active-passive: choose one"
             )
+    _check_peer_tls(args)
     return ServeSettings(
         pool_name=args.pool_name,
         pool_namespace=args.pool_namespace or env.get("NAMESPACE", "") or "default",
@@ -435,4 +462,34 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         peers=args.peers.strip(),
         peer_port=args.peer_port,
         peer_interval_s=args.peer_interval,
+        peer_tls_ca=args.peer_tls_ca,
+        peer_tls_cert=args.peer_tls_cert,
+        peer_tls_key=args.peer_tls_key,
+        peer_insecure=args.peer_insecure,
     )
+
+
+def _check_peer_tls(args: argparse.Namespace) -> None:
+    """All three peer TLS files or none; with `--peers`, files or an explicit `--peer-insecure`."""
+    files = {
+        "--peer-tls-ca": args.peer_tls_ca,
+        "--peer-tls-cert": args.peer_tls_cert,
+        "--peer-tls-key": args.peer_tls_key,
+    }
+    given = [flag for flag, path in files.items() if path is not None]
+    if not given:
+        if args.peers.strip() and not args.peer_insecure:
+            raise ConfigError(
+                "--peers needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key (mutual TLS between "
+                "replicas), or --peer-insecure to run the peer exchange in plaintext"
+            )
+        return
+    if len(given) < len(files):
+        missing = [flag for flag in files if flag not in given]
+        raise ConfigError(f"{', '.join(given)} needs {' and '.join(missing)} too")
+    if args.peer_insecure:
+        raise ConfigError("--peer-insecure and --peer-tls-* contradict each other: choose one")
+    if not args.peers.strip():
+        raise ConfigError(f"{', '.join(given)} only apply with --peers")
+    if not args.pool_name:
+        raise ConfigError("--peer-tls-* need --pool-name: the peer certificates name the pool")

@@ -28,8 +28,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp import tls
 from epp.clock import Clock, SystemClock
 from epp.picker.datastore.types import FailureMode
+from epp.picker.peers import peer_identity
 from epp.tools.envoy.config import (
     EPP_CLUSTER,
     BodyMode,
@@ -43,6 +45,8 @@ from epp.tools.envoy.config import (
 from epp.tools.envoy.process import EnvoyProcess
 
 ADAPTER_LOADS_METRIC = "vllm_sim:lora_adapter_loads"  # counter; exposed as ..._total
+POOL_NAME = "sim-pool"
+POOL_NAMESPACE = "default"  # what `epp serve` assumes for a pool file without one
 
 
 class StackError(RuntimeError):
@@ -81,6 +85,9 @@ class StackOptions:
     # EPPs that serve at once (active-active, `epp serve --peers` between them), in the first
     # slots; more than `epp_slots` adds slots.
     epp_replicas: int = 1
+    # With several replicas: the peer exchange over mutual TLS (a CA and a certificate made in the
+    # workdir, as the chart makes them); False runs it plaintext (`--peer-insecure`).
+    peer_tls: bool = True
     policy: str | None = None  # `epp serve --policy`; None = its default
     # How the EPP is started (benchmarks run another checkout's EPP beside this one's this way).
     epp_command: tuple[str, ...] = (sys.executable, "-m", "epp")
@@ -145,6 +152,22 @@ def _port_free_on_all(hosts: Sequence[str], tries: int = 50) -> int | None:
         if all(_port_is_free(host, port) for host in hosts):
             return port
     return None
+
+
+def write_peer_tls(
+    directory: pathlib.Path, *, dns_name: str, ca: tls.KeyPair | None = None
+) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+    """A peer CA (made unless given) and a certificate it signs for `dns_name`, written as
+    ca.crt, tls.crt and tls.key (a Kubernetes TLS Secret's names) in `directory`; returns the
+    three paths in `--peer-tls-ca`, `--peer-tls-cert`, `--peer-tls-key` order."""
+    ca = ca or tls.new_ca()
+    leaf = tls.issue(ca, dns_names=[dns_name])
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = (directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+    for path, content in zip(paths, (ca.cert_pem, leaf.cert_pem, leaf.key_pem), strict=True):
+        path.write_bytes(content)
+    paths[2].chmod(0o600)
+    return paths
 
 
 def pool_yaml(
@@ -373,11 +396,27 @@ class LocalStack:
         if opts.epp_replicas > 1:
             peers = ",".join(f"127.0.0.1:{s.peer_port}" for s in self._slots)
             command += ["--peers", peers, "--peer-port", str(slot.peer_port), "--peer-interval", "50ms"]
+            command += self._peer_tls_args()
         command += list(opts.extra_serve_args)
         self._epp_starts += 1
         log_name = "epp.log" if self._epp_starts == 1 else f"epp-{self._epp_starts}.log"
         slot.process = Child("epp", command, self.workdir / log_name)
         self._current = self._slots.index(slot)
+
+    def _peer_tls_args(self) -> list[str]:
+        """`--peer-tls-*` for one CA and certificate every replica of this stack shares (made on
+        first use), or `--peer-insecure`."""
+        if not self.options.peer_tls:
+            return ["--peer-insecure"]
+        directory = self.workdir / "peer-tls"
+        if not directory.exists():
+            write_peer_tls(directory, dns_name=peer_identity(POOL_NAMESPACE, POOL_NAME))
+        return [
+            "--pool-name", POOL_NAME,
+            "--peer-tls-ca", str(directory / "ca.crt"),
+            "--peer-tls-cert", str(directory / "tls.crt"),
+            "--peer-tls-key", str(directory / "tls.key"),
+        ]  # fmt: skip
 
     def _start_envoy(self) -> None:
         opts = self.options
@@ -495,7 +534,7 @@ class LocalStack:
     def pool_file_text(self, *, ready: bool = True) -> str:
         """This stack's pool file, with every pod Ready or not."""
         text = pool_yaml(
-            "sim-pool",
+            POOL_NAME,
             [(p.name, p.ip) for p in self.pods],
             self.pods[0].port,
             self.options.failure_mode,

@@ -4,7 +4,8 @@ Through real Envoy, whose EPP cluster has both replicas (each health-checked), a
 pods with more adapters than LoRA slots:
 
 - both replicas route, every request is answered whole, and the pods load adapters about as
-  often as behind one replica (same seeded request sequence);
+  often as behind one replica (same seeded request sequence); the replicas hear each other over
+  the peer exchange's mutual TLS (the local stack's default, as the chart's);
 - SIGKILL of one replica under 30 requests/s in FailOpen: the other keeps routing. With the
   BUFFERED request body no request fails; with FULL_DUPLEX_STREAMED the requests whose routing
   was under way on the killed replica at that instant may (Envoy had passed it their body).
@@ -13,6 +14,7 @@ pods with more adapters than LoRA slots:
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 import urllib.request
@@ -58,6 +60,13 @@ def routed_by(slot: EppSlot) -> int:
     )
 
 
+def peers_page(slot: EppSlot) -> dict[str, object]:
+    url = f"http://127.0.0.1:{slot.metrics_port}/debug/peers"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        page: dict[str, object] = json.load(response)
+    return page
+
+
 def failures(results: list[Result]) -> list[tuple[int, bool, str]]:
     return [(r.status, r.whole, r.error) for r in results if r.status != 200 or not r.whole]
 
@@ -79,6 +88,17 @@ def test_two_replicas_both_route_and_load_adapters_about_as_often_as_one() -> No
             assert len(results) == len(SEQUENCE)
             serving = stack.epp_slots[: options.epp_replicas]
             assert all(routed_by(slot) > 0 for slot in serving), "every replica routes its share"
+            if options.epp_replicas > 1:
+                pages = [peers_page(slot) for slot in serving]
+                ids = {page["id"] for page in pages}
+                for page in pages:
+                    assert page["tls"] is True
+                    heard = page["peers"]
+                    assert isinstance(heard, list)
+                    assert {p["id"] for p in heard} == ids - {page["id"]}, "each hears the other"
+                    refused = page["refused"]
+                    assert isinstance(refused, dict) and not any(refused.values()), refused
+                    assert page["batches_received"]
     print(f"adapter loads: one EPP {loads[1]:.0f}, two active-active {loads[2]:.0f}")
     assert loads[1] > 0, "the sequence needs swaps: 8 adapters, 6 slots"
     assert loads[2] <= 1.2 * loads[1] + 2

@@ -205,7 +205,9 @@ async def exchange(
             yield request
 
     call = stub.Process(gen())
-    replies = [reply async for reply in call]
+    # A stream this client ends first closes with an empty reply (the EPP's last reply travels
+    # with its status): not an answer to anything.
+    replies = [reply async for reply in call if reply.WhichOneof("response") is not None]
     return replies
 
 

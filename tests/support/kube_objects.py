@@ -24,19 +24,27 @@ CRD_DIR = ROOT / "manifests" / "crds"
 # machine runs the same versions.
 TOOLS_DIR = ROOT / ".tools" / "bin"
 
-# Fields each implementation rejects an object without (Gateway API, Istio and Prometheus
-# Operator schemas; none of their CRDs is vendored here).
+# Fields each implementation rejects an object without (Gateway API, Istio, kgateway, Envoy
+# Gateway and Prometheus Operator schemas; none of their CRDs is vendored here).
 REQUIRED_FIELDS: dict[str, list[str]] = {
     "GatewayClass": ["metadata.name", "spec.controllerName"],
     "Gateway": ["metadata.name", "spec.gatewayClassName", "spec.listeners"],
     "HTTPRoute": ["metadata.name", "spec.parentRefs", "spec.rules"],
     "DestinationRule": ["metadata.name", "spec.host"],
     "ServiceMonitor": ["metadata.name", "spec.selector", "spec.endpoints"],
+    # The gateways' access logs to the EPP (tests/support/gateway_access_log.py checks what they name).
+    "HTTPListenerPolicy": ["metadata.name", "spec.targetRefs", "spec.accessLog"],
+    "BackendConfigPolicy": ["metadata.name", "spec.targetRefs"],
+    "Telemetry": ["metadata.name", "spec.accessLogging"],
+    "EnvoyProxy": ["metadata.name", "spec"],
+    "Backend": ["metadata.name", "spec.endpoints"],
 }
 THIRD_PARTY_GROUPS = {
     "gateway.networking.k8s.io",
     "networking.istio.io",
     "gateway.envoyproxy.io",
+    "gateway.kgateway.dev",
+    "telemetry.istio.io",
     "monitoring.coreos.com",
 }
 

@@ -14,6 +14,7 @@ helm and kubectl come from .ci/k8s_tools.sh (or PATH); without them these tests 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import pathlib
@@ -24,10 +25,13 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.errors import ConfigError
 from epp.kube import leader
 from epp.kube import watch as kube
+from epp.picker.peers import PeerTlsFiles, load_peer_tls, peer_identity
 from epp.picker.scheduling.config import load_config
 from epp.serve import config as serve_config
+from tests.support import gateway_access_log
 from tests.support.kube_objects import kube_tool, validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -253,6 +257,62 @@ def test_active_active_replicas_find_each_other_through_the_peers_service() -> N
     assert peer_rule["ports"] == [{"port": "grpc-peers", "protocol": "TCP"}]
 
 
+def _peer_tls_mount(objects: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(the Secret mounted for the peer exchange, where), or None."""
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    mounts = [
+        (volumes[m["name"]], m["mountPath"])
+        for m in container(objects)["volumeMounts"]
+        if m["name"] in volumes
+    ]
+    assert len(mounts) <= 1
+    return mounts[0] if mounts else None
+
+
+def test_active_active_peers_use_mutual_tls_with_a_ca_the_chart_makes_once(tmp_path: pathlib.Path) -> None:
+    objects = render(CASES["active-active"])
+    settings = serve_settings(objects)
+    secret = one(objects, "Secret", f"{RELEASE}-epp-peer-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    mounted = _peer_tls_mount(objects)
+    assert mounted is not None and mounted[0] == secret["metadata"]["name"]
+    assert (settings.peer_tls_ca, settings.peer_tls_cert, settings.peer_tls_key) == tuple(
+        pathlib.Path(mounted[1]) / key for key in ("ca.crt", "tls.crt", "tls.key")
+    )
+    assert not settings.peer_insecure
+    for key, value in secret["data"].items():
+        (tmp_path / key).write_bytes(base64.b64decode(value))
+    files = PeerTlsFiles(tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key")
+    # What `epp serve` checks at start: the CA signed it, the key is its key, it names this pool.
+    loaded = load_peer_tls(files, peer_identity(settings.pool_namespace, settings.pool_name))
+    loaded.server_context()
+    # A release in another namespace gets a CA and a certificate for its own pool's name.
+    other = one(render(CASES["active-active"], namespace="team-b"), "Secret")
+    for key, value in other["data"].items():
+        (tmp_path / key).write_bytes(base64.b64decode(value))
+    load_peer_tls(files, peer_identity("team-b", settings.pool_name))
+    with pytest.raises(ConfigError, match="peers of this pool expect"):
+        load_peer_tls(files, peer_identity(settings.pool_namespace, settings.pool_name))
+
+
+@pytest.mark.parametrize(
+    ("tls", "secret", "flag"),
+    [
+        ({"existingSecret": "pool-peers"}, "pool-peers", "--peer-tls-ca=/etc/lora-epp/peer-tls/ca.crt"),
+        ({"insecure": True}, None, "--peer-insecure"),
+    ],
+    ids=["existing-secret", "insecure"],
+)
+def test_active_active_peer_tls_options(tls: dict[str, Any], secret: str | None, flag: str) -> None:
+    objects = render(_merge(CASES["active-active"], {"inferenceExtension": {"activeActive": {"tls": tls}}}))
+    assert not any(o["kind"] == "Secret" for o in objects), "the chart makes no Secret then"
+    assert flag in container(objects)["args"]
+    mounted = _peer_tls_mount(objects)
+    assert (mounted[0] if mounted else None) == secret
+    serve_settings(objects)  # `epp serve` accepts the flags
+
+
 def test_plugin_config_is_mounted_and_read_by_the_epp() -> None:
     objects = render(EVERYTHING)
     config_map = one(objects, "ConfigMap", f"{RELEASE}-epp")
@@ -334,6 +394,29 @@ def test_provider_gateway_routes_to_the_pool(provider: str) -> None:
     assert backend == {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": RELEASE}
     rules = [o for o in objects if o["kind"] == "DestinationRule"]
     assert [r["spec"]["host"] for r in rules] == ([f"{RELEASE}-epp"] if provider == "istio" else [])
+
+
+@pytest.mark.parametrize("secure", [True, False], ids=["tls", "plaintext"])
+@pytest.mark.parametrize("provider", ["istio", "kgateway", "envoy-gateway"])
+def test_provider_gateway_sends_its_access_log_to_the_epp(provider: str, secure: bool) -> None:
+    values = _merge(
+        _merge(POOL_LABELS, provider_values(provider)), {"inferenceExtension": {"secureServing": secure}}
+    )
+    objects = render(values, namespace="models")
+    mesh = yaml.safe_load((ROOT / "manifests/gateway/istio/values.yaml").read_text())["meshConfig"]
+    mesh["extensionProviders"][0]["envoyHttpAls"]["service"] = f"{RELEASE}-epp.models.svc.cluster.local"
+    found = gateway_access_log.plans(objects, istio_mesh_config=mesh)
+    assert [(p.provider, p.gateway) for p in found] == [(provider, "inference-gateway")]
+    assert gateway_access_log.reference_errors(found, objects, namespace="models", epp_tls=secure) == []
+
+
+@pytest.mark.parametrize("provider", ["istio", "kgateway", "envoy-gateway"])
+def test_gateway_access_log_can_be_switched_off(provider: str) -> None:
+    values = _merge(_merge(POOL_LABELS, provider_values(provider)), {"gatewayAccessLog": {"enabled": False}})
+    objects = render(values)
+    kinds = {"HTTPListenerPolicy", "BackendConfigPolicy", "Telemetry", "EnvoyProxy", "Backend"}
+    assert not [o for o in objects if o["kind"] in kinds]
+    assert "infrastructure" not in one(objects, "Gateway")["spec"]
 
 
 def test_kind_values_give_the_e2e_suite_what_it_relies_on() -> None:
@@ -475,7 +558,19 @@ KUSTOMIZE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "epp-active-active": (
         _merge(
             POOL_LABELS,
-            _merge(DEV_IMAGE, {"inferenceExtension": {"replicas": 3, "activeActive": {"enabled": True}}}),
+            _merge(
+                DEV_IMAGE,
+                {
+                    "inferenceExtension": {
+                        "replicas": 3,
+                        # The overlay's Secret comes from peer-tls.sh, not from the build.
+                        "activeActive": {
+                            "enabled": True,
+                            "tls": {"existingSecret": f"{RELEASE}-epp-peer-tls"},
+                        },
+                    }
+                },
+            ),
         ),
         ("manifests/epp-active-active", POOL),
     ),

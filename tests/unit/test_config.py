@@ -11,6 +11,15 @@ from epp.errors import ConfigError
 from epp.picker.extproc.stream import BodyMode
 from epp.serve.config import ServeSettings, configure_parser, settings_from_args
 
+PEER_TLS = [
+    "--peer-tls-ca",
+    "/tls/ca.crt",
+    "--peer-tls-cert",
+    "/tls/tls.crt",
+    "--peer-tls-key",
+    "/tls/tls.key",
+]
+
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServeSettings:
     parser = argparse.ArgumentParser(prog="epp serve")
@@ -147,6 +156,23 @@ def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -
             ["--pool-name", "p", "--peers", "epp-replicas:9004", "--ha-enable-leader-election"],
             "--peers runs replicas active-active",
         ),
+        (
+            ["--pool-name", "p", "--peers", "epp-replicas:9004"],
+            "--peers needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key",
+        ),
+        (
+            ["--pool-name", "p", "--peers", "r:9004", "--peer-tls-ca", "ca.crt", "--peer-tls-key", "tls.key"],
+            "--peer-tls-ca, --peer-tls-key needs --peer-tls-cert too",
+        ),
+        (
+            ["--pool-name", "p", "--peers", "r:9004", "--peer-insecure", *PEER_TLS],
+            "--peer-insecure and --peer-tls-",
+        ),
+        (["--pool-name", "p", *PEER_TLS], "only apply with --peers"),
+        (
+            ["--pool-file", "pool.yaml", "--peers", "r:9004", *PEER_TLS],
+            "need --pool-name: the peer certificates name the pool",
+        ),
     ],
     ids=[
         "no-pool",
@@ -155,6 +181,11 @@ def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -
         "policy-and-config",
         "peer-no-port",
         "peers-and-lease",
+        "peers-without-tls-or-insecure",
+        "peer-tls-incomplete",
+        "peer-tls-and-insecure",
+        "peer-tls-without-peers",
+        "peer-tls-without-pool-name",
     ],
 )
 def test_inconsistent_flags_are_config_errors(argv: list[str], message: str) -> None:
@@ -163,8 +194,18 @@ def test_inconsistent_flags_are_config_errors(argv: list[str], message: str) -> 
 
 
 def test_peers_are_parsed_with_their_defaults() -> None:
-    s = parse(["--pool-name", "p", "--peers", " epp-replicas.ns.svc:9004 ", "--peer-interval", "50ms"])
+    s = parse(
+        ["--pool-name", "p", "--peers", " epp-replicas.ns.svc:9004 ", "--peer-interval", "50ms", *PEER_TLS]
+    )
     assert (s.peers, s.peer_port, s.peer_interval_s) == ("epp-replicas.ns.svc:9004", 9004, 0.05)
+    assert (s.peer_tls_ca, s.peer_tls_cert, s.peer_tls_key, s.peer_insecure) == (
+        pathlib.Path("/tls/ca.crt"),
+        pathlib.Path("/tls/tls.crt"),
+        pathlib.Path("/tls/tls.key"),
+        False,
+    )
+    insecure = parse(["--pool-name", "p", "--peers", "epp-replicas:9004", "--peer-insecure"])
+    assert (insecure.peer_insecure, insecure.peer_tls_ca) == (True, None)
     assert parse(["--pool-name", "p"]).peers == ""
 
 

@@ -11,6 +11,16 @@ Helm install of the same pool name the same objects.
 {{- printf "%s-epp" (include "inferencepool.poolName" .) -}}
 {{- end -}}
 
+{{/* The peer exchange's TLS Secret: the one given, or the one the chart makes. */}}
+{{- define "inferencepool.peerTlsSecret" -}}
+{{- .Values.inferenceExtension.activeActive.tls.existingSecret | default (printf "%s-peer-tls" (include "inferencepool.eppName" .)) -}}
+{{- end -}}
+
+{{/* The DNS name every replica's peer certificate carries (epp serve checks it). */}}
+{{- define "inferencepool.peerIdentity" -}}
+{{- printf "%s.%s.epp-peers" (include "inferencepool.poolName" .) .Release.Namespace -}}
+{{- end -}}
+
 {{- define "inferencepool.poolGroup" -}}
 {{- .Values.inferencePool.apiVersion | splitList "/" | first -}}
 {{- end -}}

@@ -4,7 +4,9 @@ Envoy's gRPC access logger (`envoy.access_loggers.http_grpc`) streams batches of
 `HTTPAccessLogEntry` after requests complete. The entries we use carry the completion key the EPP
 put in the `envoy.lb` dynamic metadata when it routed the request; each is turned into a
 `Completion` (status, the endpoint that answered, body bytes, duration, time to first byte) for
-`Completions`. Entries without a key (requests the EPP did not route) are skipped.
+`Completions`. Where the gateway's ext_proc filter drops that metadata, the key comes from the
+request header the EPP set beside it, which the gateway's access log is configured to record.
+Entries without a key (requests the EPP did not route) are skipped.
 
 On drain (SIGTERM) every access-log stream is ended at its next message, so the gateway opens its
 next one to an EPP that stays: a leaving EPP keeps no log stream the next one would be waiting on.
@@ -27,14 +29,15 @@ log = logging.getLogger(__name__)
 
 
 def completion_key(entry: accesslog_pb2.HTTPAccessLogEntry) -> str:
-    """The EPP's completion key in the entry's `envoy.lb` metadata, or "" when there is none."""
+    """The EPP's completion key in the entry's `envoy.lb` metadata, else in its logged request
+    header (a gateway whose ext_proc filter drops the metadata logs the header the EPP set beside
+    it), or "" when there is neither."""
     metadata = entry.common_properties.metadata.filter_metadata
-    if wire.LB_METADATA_NAMESPACE not in metadata:
-        return ""
-    fields = metadata[wire.LB_METADATA_NAMESPACE].fields
-    if wire.COMPLETION_KEY not in fields:
-        return ""
-    return str(fields[wire.COMPLETION_KEY].string_value)
+    if wire.LB_METADATA_NAMESPACE in metadata:
+        fields = metadata[wire.LB_METADATA_NAMESPACE].fields
+        if wire.COMPLETION_KEY in fields:
+            return str(fields[wire.COMPLETION_KEY].string_value)
+    return str(entry.request.request_headers.get(wire.COMPLETION_KEY_HEADER, ""))
 
 
 def _seconds(common: accesslog_pb2.AccessLogCommon, name: str) -> float | None:

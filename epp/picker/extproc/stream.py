@@ -19,6 +19,17 @@ default of every Envoy config we generate), the stream ends as soon as the reque
 (`done`), so an EPP that stops or dies cannot cut a response. The request then finishes when the
 gateway's access-log entry for it arrives (`Completions`), or at once when that gateway sends none.
 When the response does pass through, it finishes at the response's end.
+
+Gateways that build the ext_proc filter themselves (kgateway, Istio, Envoy AI Gateway) announce
+response processing (`response_body_mode: FULL_DUPLEX_STREAMED`) and give no way to turn it off.
+The EPP then leaves the stream after routing anyway (`LeavePolicy`): it closes it with OK, which
+ext_proc defines as "go on without the processor", so the response never passes through the EPP.
+By default it does so when that gateway sends its access log here, so the request still finishes
+when it really ends. The close must reach Envoy before any response byte does, or the bytes Envoy
+hands to the closed stream are lost: the last routing reply carries the body's last byte (so the
+model server cannot answer before Envoy has read it), and the server sends that reply in one
+write with the status (`server.py`). A request with trailers keeps the stream open: its trailers
+reply would follow the last byte, so the close could not travel with it.
 """
 
 from __future__ import annotations
@@ -65,6 +76,20 @@ def body_mode_from_proto(value: int) -> BodyMode | None:
     return None
 
 
+class LeavePolicy(enum.Enum):
+    """Whether the EPP leaves a stream after routing when the data plane announced response events.
+
+    AUTO: when the gateway the stream came from sends its access log to this EPP (the request then
+    finishes from its entry); otherwise the response passes through and finishes it. ALWAYS: every
+    time (without an access log the request finishes when its stream ends). NEVER: stay to the end
+    of the response (token usage from the body; an EPP crash cuts the responses in flight).
+    """
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
     default_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
@@ -75,6 +100,7 @@ class StreamSettings:
     # In BUFFERED mode, how long the data plane is asked to wait for the reply of a request that
     # waits (in a flow-control queue, for an adapter load): its queue TTL and a margin.
     pending_timeout_s: float = 90.0
+    leave: LeavePolicy = LeavePolicy.AUTO
 
 
 class Router(Protocol):
@@ -174,7 +200,7 @@ class StreamHandler:
     """
 
     # Slots: the handler's attributes are read on every message of every stream.
-    __slots__ = ("_options", "_peer", "_request", "_response", "_served", "done", "life")
+    __slots__ = ("_options", "_peer", "_request", "_response", "_served", "done", "left", "life")
 
     def __init__(self, options: StreamOptions, *, peer: str = "") -> None:
         self._options = options
@@ -183,9 +209,24 @@ class StreamHandler:
         # Nothing more to do on this stream (an ImmediateResponse was sent, or the request was
         # routed and no response follows): the server ends it.
         self.done = False
+        # The stream was left after routing although the data plane announced response events.
+        self.left = False
         self._request = _RequestState()
         self._response = _ResponseState()
         self._served: str | None = None  # envoy.lb served endpoint, when the data plane reports it
+
+    @property
+    def ending(self) -> str:
+        """How the stream ended for the EPP: `left-after-routing` (the data plane would have sent
+        the response), `request-only` (it sends none), `response` (the response passed through),
+        or `other` (refused, or ended by the data plane before)."""
+        if self.left:
+            return "left-after-routing"
+        if self._response.ended:
+            return "response"
+        if self._request.sent_on and self._response.mode is BodyMode.NONE:
+            return "request-only"
+        return "other"
 
     @property
     def request_id(self) -> str:
@@ -436,6 +477,8 @@ class StreamHandler:
         request.sent_on = True
         if self._response.mode is BodyMode.NONE:
             self.done = True  # no response follows: end the stream now
+        elif self._leaves():
+            self.done = self.left = True
         destination = decision.destination
         if log.isEnabledFor(logging.DEBUG):  # the fields cost more than the call when it is off
             log.debug(
@@ -449,7 +492,7 @@ class StreamHandler:
         if request.headers_only:
             return [
                 messages.request_headers_reply(
-                    set_headers=messages.routing_headers(destination, None, self._routed_headers()),
+                    set_headers=messages.routing_headers(destination, None, self._routed_headers(key)),
                     remove_headers=request.strip,
                     destination=destination,
                     completion_key=key,
@@ -457,24 +500,47 @@ class StreamHandler:
             ]
         body = request.routed_body
         if self.mode is BodyMode.BUFFERED:
-            return [messages.buffered_request_body_reply(body, destination, self._routed_headers(), key)]
+            return [messages.buffered_request_body_reply(body, destination, self._routed_headers(key), key)]
         replies = [
             messages.request_headers_reply(
-                set_headers=messages.routing_headers(destination, len(body), self._routed_headers()),
+                set_headers=messages.routing_headers(destination, len(body), self._routed_headers(key)),
                 remove_headers=request.strip,
                 destination=destination,
                 completion_key=key,
             ),
             *messages.chunked_request_body(body),
         ]
+        if self.left and len(body) > 1:
+            # The last byte alone ends the body: the model server cannot answer before Envoy has
+            # read this reply, and the close travels in the same write.
+            replies[-1:] = [
+                *(messages.streamed_request_body(c, False) for c, _ in messages.chunks(body[:-1])),
+                messages.streamed_request_body(body[-1:], True),
+            ]
         if request.trailers:
+            # The trailers reply ends the body: a last chunk marked end_of_stream would make the
+            # data plane finish (and close this stream) before it lets the trailers go upstream.
+            last = replies[-1].request_body.response.body_mutation.streamed_response
+            last.end_of_stream = False
             replies.append(messages.empty_request_trailers_reply())
         return replies
 
-    def _routed_headers(self) -> list[tuple[str, str]]:
+    def _leaves(self) -> bool:
+        """Whether to leave this routed stream although response events would follow."""
+        policy = self._options.settings.leave
+        if policy is LeavePolicy.NEVER or self._request.trailers:
+            return False
+        if policy is LeavePolicy.ALWAYS:
+            return True
+        completions = self._options.completions
+        return completions is not None and completions.receives_from(self._peer)
+
+    def _routed_headers(self, completion_key: str) -> list[tuple[str, str]]:
         headers = self._request_id_headers()
         if self.life is not None:
             headers.extend(self.life.upstream_headers)
+        if completion_key:  # beside the metadata, for access logs that see headers only
+            headers.append((wire.COMPLETION_KEY_HEADER, completion_key))
         return headers
 
     def _request_id_headers(self) -> list[tuple[str, str]]:
@@ -556,6 +622,7 @@ class StreamHandler:
         if response.ended:
             return
         response.ended = True
+        self.done = True  # nothing follows a response's end: its reply is the stream's last
         if response.sse and response.sse_tail:
             usage = parse_sse_usage(response.sse_tail)
             if usage is not None:

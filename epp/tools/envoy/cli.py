@@ -64,11 +64,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="EPP gRPC health port for Envoy's active check (0 = no check; default 9003)",
     )
     add_bool_flag(parser, "--epp-tls", default=True, help="TLS to the EPP, certificate not verified")
+    defaults = EnvoyOptions()
     parser.add_argument(
         "--body-mode",
         choices=[m.value for m in BodyMode],
-        default=BodyMode.FULL_DUPLEX_STREAMED.value,
-        help="ext_proc request body mode (default FULL_DUPLEX_STREAMED)",
+        default=defaults.body_mode.value,
+        help="ext_proc request body mode (default BUFFERED: Envoy keeps the body while the EPP routes, "
+        "so a request whose EPP dies mid-routing fails open; FULL_DUPLEX_STREAMED hands it over)",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=defaults.max_request_body_bytes,
+        help="the most request body Envoy buffers; larger bodies get 413. Keep it equal to `epp serve "
+        f"--max-request-body-bytes` (default {defaults.max_request_body_bytes})",
     )
     add_bool_flag(
         parser,
@@ -97,7 +106,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="a pod endpoint for the pool's cluster (repeatable; replaces the pool file's pods)",
     )
-    defaults = EnvoyOptions()
     parser.add_argument(
         "--stream-idle-timeout",
         type=parse_duration,
@@ -150,6 +158,8 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
     for port in (args.listen_port, args.admin_port, args.epp_health_port):
         if not 0 <= port < 65536:
             raise ConfigError(f"port out of range: {port}")
+    if not 0 < args.max_request_body_bytes < 1 << 32:
+        raise ConfigError(f"--max-request-body-bytes out of range: {args.max_request_body_bytes}")
     epps = [parse_host_port(text) for text in args.epp_address or ["127.0.0.1:9002"]]
     health_port = args.epp_health_port or None
     options = EnvoyOptions(
@@ -163,6 +173,7 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
         more_epps=tuple(EppEndpoint(address, health_port) for address in epps[1:]),
         epp_tls=args.epp_tls,
         body_mode=BodyMode(args.body_mode),
+        max_request_body_bytes=args.max_request_body_bytes,
         process_responses=args.process_responses,
         access_log=args.access_log,
         failure_mode=failure_mode,

@@ -19,10 +19,17 @@ unit tests. The decisive settings and why they are what they are:
   pick.
 - FailClose: a request that reaches the router without a pick (route matched on the
   `envoy.lb` metadata) gets a 503 JSON error, never an arbitrary pod.
-- In FULL_DUPLEX_STREAMED, `failure_mode_allow` only fails open before the first body chunk
-  was sent; a POST normally sends it at once. An active gRPC health check on the EPP (with
-  panic routing off) makes Envoy see a dead EPP before the request starts, so the stream fails
-  at once and fail-open applies to POSTs too.
+- The request body is BUFFERED by default: Envoy keeps it while the EPP routes, so an EPP that
+  dies mid-routing (SIGKILL, OOM) costs nothing in FailOpen: the request goes on without a pick.
+  In FULL_DUPLEX_STREAMED Envoy hands the body over and cannot fail open once the first chunk
+  went out; a kill loses the requests being routed (benchmarks/buffered_body.py measures what
+  buffering costs). Envoy may buffer as much request body as the EPP accepts (the listener's
+  `per_connection_buffer_limit_bytes` is the EPP's `--max-request-body-bytes`): a larger body
+  gets 413 from Envoy, before it is buffered whole. FULL_DUPLEX_STREAMED also sends a request
+  that ends with HTTP trailers upstream with its body twice (Envoy 1.40 replays the route's retry
+  buffer when the trailers are let go; tests/integration/test_envoy_trailers.py); BUFFERED does not.
+- An active gRPC health check on the EPP (with panic routing off) makes Envoy see a dead EPP
+  before a request starts, so its stream fails at once and fail-open applies.
 - The EPP sees the request only (response header SKIP, body NONE): its ext_proc stream ends
   once the request is routed, so an EPP that stops or dies never cuts a response, and its CPU
   per request does not grow with the response. How each request ended reaches the EPP through
@@ -48,6 +55,7 @@ from typing import Any
 import yaml
 
 from epp.errors import ConfigError
+from epp.picker import wire
 from epp.picker.datastore.types import FailureMode
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -160,7 +168,12 @@ class EnvoyOptions:
     epp_health_port: int | None = 9003  # the EPP's gRPC health port; None = no active check
     more_epps: tuple[EppEndpoint, ...] = ()  # further replicas in the EPP cluster
     epp_tls: bool = True
-    body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    # BUFFERED: Envoy holds the body while the EPP routes, so a dying EPP fails open (module doc).
+    body_mode: BodyMode = BodyMode.BUFFERED
+    # The most request body Envoy buffers (its listener's per-connection buffer limit; the routes'
+    # own limits do not reach ext_proc's buffer in Envoy 1.40): the EPP's limit (`epp serve
+    # --max-request-body-bytes`), so Envoy refuses (413) only what the EPP would refuse anyway.
+    max_request_body_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
     # Response headers SEND + response body FULL_DUPLEX_STREAMED: the EPP reads usage, and is on
     # the response path (CPU per streamed chunk; an EPP crash cuts responses in flight).
     process_responses: bool = False
@@ -181,7 +194,6 @@ class EnvoyOptions:
     # the flow-control queue or for an adapter load (it asks for its TTL and a margin, 90 s).
     max_message_timeout_s: float = 120.0
     upstream_connect_timeout_s: float = 1.0
-    per_connection_buffer_limit_bytes: int = 8 << 20  # BUFFERED bodies above it get 413
     health_check_interval_s: float = 1.0
     num_retries: int = 2  # on connect failure / reset, to the next endpoint
 
@@ -627,7 +639,7 @@ def build_bootstrap(options: EnvoyOptions) -> dict[str, Any]:
                 {
                     "name": "gateway",
                     "address": _socket_address(options.listen_address, options.listen_port),
-                    "per_connection_buffer_limit_bytes": options.per_connection_buffer_limit_bytes,
+                    "per_connection_buffer_limit_bytes": options.max_request_body_bytes,
                     "filter_chains": [
                         {
                             "filters": [

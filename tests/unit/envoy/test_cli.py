@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
 import yaml
 
 from epp.cli import main
+from epp.serve.config import ServeSettings
 
 POOL = """\
 apiVersion: inference.networking.k8s.io/v1
@@ -80,7 +82,7 @@ def test_flags_override_the_pool_file(tmp_path: pathlib.Path, capsys: pytest.Cap
     pool.write_text(POOL)
     out_file = tmp_path / "envoy.yaml"
     code, out, _ = _run(
-        ["--pool-file", str(pool), "--failure-mode", "FailClose", "--body-mode", "BUFFERED",
+        ["--pool-file", str(pool), "--failure-mode", "FailClose", "--body-mode", "FULL_DUPLEX_STREAMED",
          "--epp-tls=false", "--output", str(out_file)],
         capsys,
     )  # fmt: skip
@@ -88,7 +90,7 @@ def test_flags_override_the_pool_file(tmp_path: pathlib.Path, capsys: pytest.Cap
     bootstrap = yaml.safe_load(out_file.read_text())
     ext_proc = _ext_proc(bootstrap)
     assert ext_proc["failure_mode_allow"] is False
-    assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"  # type: ignore[index]
+    assert ext_proc["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"  # type: ignore[index]
     sockets = [m["transport_socket"]["name"] for m in _cluster(bootstrap, "epp")["transport_socket_matches"]]  # type: ignore[attr-defined]
     assert sockets == ["envoy.transport_sockets.raw_buffer", "envoy.transport_sockets.raw_buffer"]
 
@@ -105,6 +107,7 @@ def test_flags_override_the_pool_file(tmp_path: pathlib.Path, capsys: pytest.Cap
         (["--epp-address", "nohost"], "expected HOST:PORT"),
         (["--failure-mode", "FailOpen", "--pool-endpoint", "10.0.0.1:99999"], "port out of range"),
         (["--pool-file", "/nonexistent/pool.yaml"], "cannot read pool file"),
+        (["--upstream", "original-dst", "--max-request-body-bytes", "0"], "--max-request-body-bytes"),
     ],
     ids=[
         "no-pods",
@@ -113,6 +116,7 @@ def test_flags_override_the_pool_file(tmp_path: pathlib.Path, capsys: pytest.Cap
         "bad-epp-address",
         "bad-pool-endpoint",
         "missing-pool-file",
+        "no-body-limit",
     ],
 )
 def test_bad_input_is_a_clear_error(
@@ -149,6 +153,12 @@ def test_by_default_the_epp_gets_requests_and_the_access_log(
     assert code == 0
     bootstrap = yaml.safe_load(out)
     assert _ext_proc(bootstrap)["processing_mode"]["response_body_mode"] == "NONE"  # type: ignore[index]
+    # Envoy holds the request body while the EPP routes (a dying EPP fails open), as much of it as
+    # `epp serve` accepts by default.
+    assert _ext_proc(bootstrap)["processing_mode"]["request_body_mode"] == "BUFFERED"  # type: ignore[index]
+    listener = bootstrap["static_resources"]["listeners"][0]
+    serve_defaults = {field.name: field.default for field in dataclasses.fields(ServeSettings)}
+    assert listener["per_connection_buffer_limit_bytes"] == serve_defaults["max_request_body_bytes"]
     assert [logger["name"] for logger in _hcm(bootstrap)["access_log"]] == ["envoy.access_loggers.http_grpc"]  # type: ignore[attr-defined]
 
 
@@ -182,3 +192,12 @@ def test_several_epp_addresses_are_replicas_of_one_cluster(
         )
         for e in lb_endpoints
     ] == [("10.2.0.1", 9003), ("10.2.0.2", 9003)]
+
+
+def test_the_body_limit_follows_the_epps(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    code, out, _ = _run(["--pool-file", str(pool), "--max-request-body-bytes", "4194304"], capsys)
+    assert code == 0
+    listener = yaml.safe_load(out)["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == 4194304

@@ -101,7 +101,7 @@ def test_envoy_accepts_every_variant(options: EnvoyOptions, tmp_path: pathlib.Pa
 
 
 def test_envoy_rejects_a_broken_config(tmp_path: pathlib.Path) -> None:
-    bootstrap = build_bootstrap(EnvoyOptions(pool_endpoints=PODS))
+    bootstrap = build_bootstrap(EnvoyOptions(body_mode=BodyMode.FULL_DUPLEX_STREAMED, pool_endpoints=PODS))
     _ext_proc(bootstrap)["processing_mode"]["request_trailer_mode"] = "SKIP"  # FDX needs SEND
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(bootstrap))

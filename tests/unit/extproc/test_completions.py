@@ -237,6 +237,17 @@ def test_entries_without_a_key_or_a_response() -> None:
     assert completion_of(bare) == Completion(status=None, served_address=None)
 
 
+def test_the_key_comes_from_the_logged_request_header_when_the_metadata_was_dropped() -> None:
+    """Envoy AI Gateway's ext_proc filter accepts no metadata namespace: its access log records
+    the key header the EPP set beside the metadata."""
+    entry = _entry(None)
+    entry.request.request_headers["x-lora-epp-completion-key"] = "abc-7"
+    assert completion_key(entry) == "abc-7"
+    both = _entry("abc-1")
+    both.request.request_headers["x-lora-epp-completion-key"] = "client-sent"
+    assert completion_key(both) == "abc-1"  # the metadata, which no client can set, wins
+
+
 def test_an_ipv6_endpoint_is_bracketed() -> None:
     entry = _entry("k")
     entry.common_properties.upstream_remote_address.socket_address.address = "fd00::2"

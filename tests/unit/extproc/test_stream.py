@@ -24,6 +24,7 @@ from epp.picker.extproc.stream import (
     PENDING,
     BodyMode,
     Hold,
+    LeavePolicy,
     Pending,
     ProtocolError,
     StreamHandler,
@@ -132,6 +133,7 @@ class Harness:
         clock: FakeClock | None = None,
         flow: FlowControlSettings | None = None,
         hold: Hold | None = None,
+        leave: LeavePolicy = LeavePolicy.AUTO,
     ) -> None:
         self.clock = clock if clock is not None else FakeClock()
         self.scheduler = LedgerScheduler(max_endpoints=max_endpoints, exhausted=exhausted)
@@ -158,6 +160,7 @@ class Harness:
                 default_body_mode=mode,
                 max_request_body_bytes=max_request_body_bytes,
                 max_header_bytes=max_header_bytes,
+                leave=leave,
             ),
             hold=hold,
             completions=completions,
@@ -232,7 +235,7 @@ def test_fdx_request_trailers_finish_the_request() -> None:
         "request_body",
         "request_trailers",
     ]
-    assert streamed(replies[1]) == (BODY, True)
+    assert streamed(replies[1]) == (BODY, False)  # the trailers reply ends the body
 
 
 def test_protocol_config_on_first_message_overrides_default_mode() -> None:
@@ -566,9 +569,7 @@ def test_non_streaming_response_is_buffered_and_returned_in_chunks() -> None:
     assert b"".join(p for p, _ in pieces) == body and pieces[-1][1]
     life = h.finished()  # at the response's end
     assert h.scheduler.in_flight() == {}
-    assert h.send(pb.ProcessingRequest(response_trailers=pb.HttpTrailers())) == [
-        pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
-    ]
+    assert h.handler.done  # the response's last reply is the stream's last: it goes with the status
     h.handler.close()
     assert h.finished() is life
     assert life.ending is Ending.RESPONSE
@@ -654,6 +655,22 @@ def test_with_no_response_body_the_stream_ends_once_routed(mode: int) -> None:
     assert h.life.key.startswith(f"{KEY_PREFIX}-")
     assert h.handler.done  # the server ends the stream: nothing of the response passes through
     assert h.send(pb.ProcessingRequest(response_headers=pb.HttpHeaders())) == []
+
+
+@pytest.mark.parametrize("mode", [Mode.FULL_DUPLEX_STREAMED, Mode.BUFFERED], ids=["fdx", "buffered"])
+def test_the_completion_key_also_goes_upstream_as_a_header(mode: int) -> None:
+    """For gateways whose ext_proc filter drops the metadata, the access log can record the header."""
+    clock = FakeClock()
+    h = Harness(completions=Completions(clock), clock=clock)
+    routing = route_request_only(h, mode)[0]
+    phase = "request_body" if mode == Mode.BUFFERED else "request_headers"
+    assert set_headers(routing, phase)["x-lora-epp-completion-key"] == metadata_key(routing) == h.life.key
+
+
+def test_without_access_log_completions_no_key_header_is_set() -> None:
+    h = Harness()
+    routing = route_request_only(h)[0]
+    assert "x-lora-epp-completion-key" not in set_headers(routing)
 
 
 def test_with_a_response_body_coming_the_stream_stays_open() -> None:
@@ -745,9 +762,10 @@ def test_a_response_that_passes_through_finishes_the_request_itself() -> None:
     clock = FakeClock()
     completions = Completions(clock)
     completions.log_stream_opened("ipv4:10.0.0.9:60000")
-    h = Harness(completions=completions, clock=clock)
+    h = Harness(completions=completions, clock=clock, leave=LeavePolicy.NEVER)
     h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
     key = metadata_key(h.send(body_message(BODY, True))[0])
+    assert not h.handler.done
     h.send(response_headers_message({":status": "200", "content-type": "application/json"}))
     h.send(response_body_message(b"{}", True))
     h.handler.close()
@@ -755,6 +773,97 @@ def test_a_response_that_passes_through_finishes_the_request_itself() -> None:
     assert not completions.on_entry(key, Completion(200, None))  # the later log entry is ignored
     assert h.observer.kinds() == ["scheduled", "finished"]
     assert h.scheduler.in_flight() == {}
+
+
+# -- leaving a stream whose data plane would send the response -------------------------------------
+
+
+def streamed_body(replies: list[pb.ProcessingResponse]) -> tuple[bytes, list[bool]]:
+    """The request body the replies send upstream, and each body reply's end_of_stream."""
+    parts = [
+        r.request_body.response.body_mutation.streamed_response for r in replies if r.HasField("request_body")
+    ]
+    return b"".join(p.body for p in parts), [p.end_of_stream for p in parts]
+
+
+def logging_gateway(clock: FakeClock) -> Completions:
+    completions = Completions(clock)
+    completions.log_stream_opened("ipv4:10.0.0.9:60000")  # the gateway of GATEWAY sends its access log
+    return completions
+
+
+def test_with_the_gateways_access_log_the_stream_is_left_after_routing_and_the_log_finishes_it() -> None:
+    clock = FakeClock()
+    completions = logging_gateway(clock)
+    h = Harness(completions=completions, clock=clock)
+    h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
+    replies = h.send(body_message(BODY, True))
+    assert h.handler.done and h.handler.left
+    assert replies[0].HasField("request_headers")
+    body, ends = streamed_body(replies)
+    assert body == BODY
+    # The last reply carries the body's last byte alone: it is what lets the request go upstream.
+    assert replies[-1].request_body.response.body_mutation.streamed_response.body == BODY[-1:]
+    assert ends == [False] * (len(ends) - 1) + [True]
+    assert set_headers(replies[0])["Content-Length"] == str(len(BODY))
+    h.handler.close()
+    assert h.observer.finished_lives == []  # still in flight: its response is on its way
+    assert h.scheduler.in_flight() != {}
+    assert completions.on_entry(metadata_key(replies[0]), Completion(200, "10.0.0.1:8000"))
+    life = h.finished()
+    assert life.ending is Ending.ACCESS_LOG and life.outcome.status == 200
+    assert h.scheduler.in_flight() == {}
+    assert h.handler.ending == "left-after-routing"
+
+
+def test_without_an_access_log_the_response_passes_through_and_finishes_the_request() -> None:
+    h = Harness(completions=Completions(FakeClock()))
+    h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
+    replies = h.send(body_message(BODY, True))
+    assert not h.handler.done
+    assert streamed_body(replies) == (BODY, [True])
+    h.send(response_headers_message({":status": "200", "content-type": "application/json"}))
+    h.send(response_body_message(b"{}", True))
+    assert h.finished().ending is Ending.RESPONSE
+    assert h.handler.ending == "response"
+
+
+def test_leaving_always_without_an_access_log_finishes_the_request_when_its_stream_ends() -> None:
+    h = Harness(completions=Completions(FakeClock()), leave=LeavePolicy.ALWAYS)
+    h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
+    h.send(body_message(BODY, True))
+    assert h.handler.done and h.handler.left
+    h.handler.close()
+    assert h.finished().ending is Ending.STREAM_END
+    assert h.scheduler.in_flight() == {}
+
+
+def test_a_request_without_a_body_leaves_with_its_headers_reply() -> None:
+    clock = FakeClock()
+    h = Harness(completions=logging_gateway(clock), clock=clock)
+    replies = h.send(
+        headers_message({"x-request-id": "r"}, end_of_stream=True, request_mode=Mode.FULL_DUPLEX_STREAMED)
+    )
+    assert [r.WhichOneof("response") for r in replies] == ["request_headers"]
+    assert h.handler.done and h.handler.left
+
+
+def test_a_request_with_trailers_keeps_its_stream_open() -> None:
+    clock = FakeClock()
+    h = Harness(completions=logging_gateway(clock), clock=clock)
+    h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
+    h.send(body_message(BODY, False))
+    replies = h.send(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    assert replies[-1].HasField("request_trailers")
+    assert not h.handler.done and not h.handler.left
+
+
+def test_never_leaving_keeps_the_stream_to_the_response() -> None:
+    clock = FakeClock()
+    h = Harness(completions=logging_gateway(clock), clock=clock, leave=LeavePolicy.NEVER)
+    h.send(headers_message({"x-request-id": "r"}, request_mode=Mode.FULL_DUPLEX_STREAMED))
+    h.send(body_message(BODY, True))
+    assert not h.handler.done
 
 
 # -- requests that wait: flow control's queue, and the hold ----------------------------------------

@@ -9,9 +9,9 @@ found; this process's own address is recognised by its reply (its own id) and le
 Failure behaviour (see docs/architecture.md): a batch that is not delivered within the
 interval is dropped and the next one to that peer is a reset (our whole in-flight set), so
 a slow or partitioned peer catches up in one message; a peer heard from by nobody for
-`peer_timeout_s` is forgotten with its requests; a batch for another pool is refused.
-The port speaks plaintext: restrict it to the EPP's own pods (the NetworkPolicy in
-`manifests/epp/`).
+`peer_timeout_s` is forgotten with its requests; a batch for another pool is refused (and
+counted, `refusals`). The port speaks mutual TLS (`gate`, `credentials`) unless `--peer-insecure`;
+the NetworkPolicy in `manifests/epp-active-active/` fences it to the EPP's own pods either way.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from epp._proto import peers_pb2 as pb
 from epp._proto import peers_pb2_grpc as pb_grpc
 from epp.clock import Clock
 from epp.errors import ConfigError
-from epp.picker.listen import bind, grpc_address
+from epp.picker.peers.credentials import PeerTls
+from epp.picker.peers.refusals import PeerRefusals, Refusal
 from epp.picker.scheduling.shared import PeerBatch, PeerReplicator, PeerRouted
 
 log = logging.getLogger(__name__)
@@ -97,17 +98,22 @@ class PeerService(pb_grpc.PeerExchangeServicer):  # type: ignore[misc]
         own_id: str,
         pool: str,
         clock: Clock,
+        refusals: PeerRefusals,
         on_applied: Callable[[], None] | None = None,
     ) -> None:
         self._shared = shared
         self._own_id = own_id
         self._pool = pool
         self._clock = clock
+        self._refusals = refusals
         self._on_applied = on_applied
         self.batches = 0
 
     async def Exchange(self, request: pb.Batch, context: grpc.aio.ServicerContext) -> pb.BatchReply:
         if request.pool != self._pool:
+            self._refusals.refuse(
+                Refusal.FOREIGN_POOL, peer=request.sender, detail=f"a batch for pool {request.pool!r}"
+            )
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"this EPP serves pool {self._pool}, not {request.pool}"
             )
@@ -117,13 +123,6 @@ class PeerService(pb_grpc.PeerExchangeServicer):  # type: ignore[misc]
             if self._on_applied is not None:
                 self._on_applied()
         return pb.BatchReply(receiver=self._own_id)
-
-
-def build_peer_server(service: PeerService, *, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A not-yet-started plaintext grpc.aio server for the peer exchange; returns it and its port."""
-    server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
-    pb_grpc.add_PeerExchangeServicer_to_server(service, server)
-    return server, bind(server, grpc_address(host, port), None)
 
 
 class PeerSender:
@@ -139,6 +138,7 @@ class PeerSender:
         clock: Clock,
         interval_s: float = 0.1,
         resolve_every_s: float = 5.0,
+        tls: PeerTls | None = None,
     ) -> None:
         if interval_s <= 0 or resolve_every_s <= 0:
             raise ValueError("interval_s and resolve_every_s must be positive")
@@ -149,6 +149,8 @@ class PeerSender:
         self._clock = clock
         self._interval_s = interval_s
         self._resolve_every_s = resolve_every_s
+        self._tls = tls
+        self._credentials = tls.channel_credentials() if tls is not None else None
         self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.PeerExchangeStub]] = {}
         self._self: set[str] = set()  # addresses that answered with our own id
         self._resolved_at: float | None = None
@@ -220,15 +222,28 @@ class PeerSender:
     def _stub(self, address: str) -> pb_grpc.PeerExchangeStub:
         entry = self._channels.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address)
+            if self._tls is None or self._credentials is None:
+                channel = grpc.aio.insecure_channel(address)
+            else:
+                channel = grpc.aio.secure_channel(
+                    address, self._credentials, options=self._tls.channel_options()
+                )
             entry = self._channels[address] = (channel, pb_grpc.PeerExchangeStub(channel))
         return entry[1]
 
 
 def peers_route(
-    shared: PeerReplicator, service: PeerService, sender: PeerSender, clock: Clock, *, own_id: str
+    shared: PeerReplicator,
+    service: PeerService,
+    sender: PeerSender,
+    clock: Clock,
+    *,
+    own_id: str,
+    refusals: PeerRefusals,
+    tls: bool,
 ) -> web.RouteDef:
-    """`GET /debug/peers`: this replica's id, the peers it sends to, and what each peer has in flight."""
+    """`GET /debug/peers`: this replica's id, the peers it sends to, what each peer has in flight,
+    and what the exchange refused."""
 
     async def handler(_: web.Request) -> web.Response:
         now = clock.now()
@@ -238,6 +253,8 @@ def peers_route(
             "batches_sent": sender.sent,
             "send_failures": sender.failures,
             "batches_received": service.batches,
+            "tls": tls,
+            "refused": {reason.value: count for reason, count in refusals.counts.items()},
             "peers": [
                 {"id": view.sender, "in_flight": view.in_flight, "heard_s_ago": round(view.heard_s_ago, 3)}
                 for view in shared.peer_views(now)

@@ -1,0 +1,36 @@
+"""The peer exchange between active-active replicas (`epp serve --peers`): `exchange` sends and
+receives the routing batches, `server` and `gate` serve the peer port over mutual TLS,
+`credentials` reads and checks the certificates, `refusals` counts who was turned away."""
+
+from epp.picker.peers.credentials import PeerTls, PeerTlsFiles, load_peer_tls, peer_identity
+from epp.picker.peers.exchange import (
+    DEFAULT_PEER_PORT,
+    PeerSender,
+    PeerService,
+    from_proto,
+    parse_peers,
+    peers_route,
+    process_id,
+    to_proto,
+)
+from epp.picker.peers.refusals import PeerRefusals, Refusal
+from epp.picker.peers.server import PeerServer, build_peer_server
+
+__all__ = [
+    "DEFAULT_PEER_PORT",
+    "PeerRefusals",
+    "PeerSender",
+    "PeerServer",
+    "PeerService",
+    "PeerTls",
+    "PeerTlsFiles",
+    "Refusal",
+    "build_peer_server",
+    "from_proto",
+    "load_peer_tls",
+    "parse_peers",
+    "peer_identity",
+    "peers_route",
+    "process_id",
+    "to_proto",
+]

@@ -1,0 +1,49 @@
+"""Gateway profiles: each rewrites our ext_proc filter to what that gateway builds, and Envoy accepts it."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from epp.picker.datastore.types import FailureMode
+from epp.tools.envoy.config import EnvoyOptions, HostPort, build_bootstrap, render_yaml
+from epp.tools.envoy.process import validate_config
+from epp.tools.envoy.profiles import GATEWAY_PROCESSING_MODE, PROFILES, Gateway, apply_profile
+
+
+def ext_proc_config(bootstrap: dict[str, object]) -> dict[str, object]:
+    listeners = bootstrap["static_resources"]["listeners"]  # type: ignore[index]
+    filters = listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    [config] = [f["typed_config"] for f in filters if f["name"] == "envoy.filters.http.ext_proc"]
+    return config  # type: ignore[no-any-return]
+
+
+OPTIONS = EnvoyOptions(failure_mode=FailureMode.FAIL_OPEN, pool_endpoints=(HostPort("10.0.0.1", 8000),))
+
+
+@pytest.mark.parametrize("gateway", list(Gateway), ids=[g.value for g in Gateway])
+def test_a_profile_sends_responses_to_the_epp_and_envoy_accepts_it(
+    gateway: Gateway, tmp_path: pathlib.Path
+) -> None:
+    bootstrap = build_bootstrap(OPTIONS)
+    apply_profile(bootstrap, PROFILES[gateway])
+    config = ext_proc_config(bootstrap)
+    assert config["processing_mode"] == GATEWAY_PROCESSING_MODE
+    assert config["failure_mode_allow"] is True  # the pool's failure mode stays
+    assert "route_cache_action" not in config and "allow_mode_override" not in config
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(bootstrap))
+    validate_config(path)
+
+
+def test_kgateway_times_messages_out_and_forwards_the_subset_hint() -> None:
+    bootstrap = build_bootstrap(OPTIONS)
+    apply_profile(bootstrap, PROFILES[Gateway.KGATEWAY])
+    config = ext_proc_config(bootstrap)
+    assert config["message_timeout"] == "5.000s"
+    assert config["metadata_options"] == {
+        "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]},
+        "receiving_namespaces": {"untyped": ["envoy.lb"]},
+    }
+    assert not PROFILES[Gateway.ENVOY_AI_GATEWAY].routes_by_metadata
