@@ -2,9 +2,9 @@
 
 Run:  .venv/bin/python benchmarks/leave_stream.py [--requests 5000] [--concurrency 16]
 
-For each gateway profile (`epp.tools.envoy.profiles`: the ext_proc filter kgateway and Istio
-build, response processing on), starts a loopback stack: real Envoy, `epp serve`, and simulated
-model servers that answer at once (no time to first token, none between tokens), the case where
+For each gateway profile (`epp.tools.envoy.profiles`: the ext_proc filter kgateway, Istio and
+Envoy AI Gateway build, response processing on), starts a loopback stack: real Envoy, `epp serve`,
+and simulated model servers that answer at once (no time to first token, none between tokens), the case where
 a response can reach Envoy soonest after the request goes upstream. Once the gateway's access log
 reaches the EPP (so it leaves streams after routing), sends `--requests` completions, half
 streamed (SSE), half JSON, and counts those not whole: an SSE stream without every chunk, its
@@ -112,15 +112,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument(
-        "--gateway", choices=[g.value for g in Gateway if PROFILES[g].routes_by_metadata], action="append"
-    )
+    parser.add_argument("--gateway", choices=[g.value for g in Gateway], action="append")
     args = parser.parse_args()
-    gateways = (
-        [Gateway(g) for g in args.gateway]
-        if args.gateway
-        else [g for g in Gateway if PROFILES[g].routes_by_metadata]
-    )
+    gateways = [Gateway(g) for g in args.gateway] if args.gateway else list(Gateway)
     for gateway in gateways:
         print(run(gateway, args.requests, args.concurrency), flush=True)
 

@@ -1,4 +1,4 @@
-"""The EPP behind each gateway's own ext_proc filter (kgateway, Istio), in real Envoy.
+"""The EPP behind each gateway's own ext_proc filter (kgateway, Istio, Envoy AI Gateway), in real Envoy.
 
 Those gateways announce response processing (headers SEND, body FULL_DUPLEX_STREAMED) and give
 no way to turn it off. With the gateway's access log flowing to the EPP, the EPP leaves each
@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import http.client
 import itertools
+import json
 import threading
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,7 +36,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-GATEWAYS = (Gateway.KGATEWAY, Gateway.ISTIO)  # Envoy AI Gateway's pick travels as a header only
+GATEWAYS = tuple(Gateway)
 
 
 def _options(gateway: Gateway, **changes: object) -> StackOptions:
@@ -141,3 +144,37 @@ def test_no_response_byte_is_lost_when_the_model_server_answers_at_once(own_stac
     assert broken == []
     counts = ext_proc_counts(own_stack)
     assert counts["streams:left-after-routing"] >= requests
+
+    # Each request reached the pod the EPP picked (as metadata on kgateway and Istio, as the
+    # destination header on Envoy AI Gateway).
+    served = {request_id: served_by(own_stack, request_id) for request_id in (f"pick-{i}" for i in range(10))}
+    by_address = {pod.address: pod.name for pod in own_stack.pods}
+    picked = {
+        entry["request_id"]: by_address[entry["chosen"][0]]
+        for entry in decisions(own_stack)
+        if entry["request_id"] in served
+    }
+    assert picked == served
+
+
+def served_by(stack: LocalStack, request_id: str) -> str:
+    """The pod that answered one completion sent with `request_id`."""
+    host, port = stack.gateway_url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        body = json.dumps({"model": ADAPTERS[0], "prompt": "Say hello.", "max_tokens": 2})
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        connection.request("POST", "/v1/completions", body, headers)
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200
+        return response.getheader("x-inference-pod") or ""
+    finally:
+        connection.close()
+
+
+def decisions(stack: LocalStack) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{stack.epp_metrics_port}/debug/decisions"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        entries: list[dict[str, Any]] = json.loads(response.read())["decisions"]
+    return entries

@@ -15,8 +15,9 @@ its headers reply). The rest differs per gateway:
   forwarded in `envoy.lb.subset_hint` and received in `envoy.lb`.
 - Istio: the same processing mode and `envoy.lb` metadata; `failure_mode_allow` from the pool.
 - Envoy AI Gateway: the same processing mode; its filter names no receiving namespace, so the
-  EPP's pick reaches Envoy as the destination header only (not reproduced on our override-host
-  cluster, which reads metadata: `routes_by_metadata` is False).
+  EPP's pick reaches Envoy as the destination header only, which its pool cluster reads
+  (override_host with a header source). `apply_profile` points our override-host cluster at the
+  header the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ import dataclasses
 import enum
 from typing import Any
 
+from epp.picker import wire
+from epp.tools.envoy.config import DESTINATION_HEADER
+
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+OVERRIDE_HOST_POLICY = "envoy.load_balancing_policies.override_host"
 
 
 class Gateway(enum.Enum):
@@ -45,7 +50,7 @@ class GatewayProfile:
 
     @property
     def routes_by_metadata(self) -> bool:
-        """Whether the EPP's pick reaches Envoy as `envoy.lb` metadata (our clusters read that)."""
+        """Whether the EPP's pick reaches Envoy as `envoy.lb` metadata; otherwise as the header only."""
         return "envoy.lb" in self.receiving_namespaces
 
 
@@ -66,23 +71,69 @@ PROFILES: dict[Gateway, GatewayProfile] = {
 }
 
 
+def _connection_managers(bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        network_filter["typed_config"]
+        for listener in bootstrap["static_resources"]["listeners"]
+        for chain in listener["filter_chains"]
+        for network_filter in chain["filters"]
+        if "http_filters" in network_filter["typed_config"]
+    ]
+
+
 def _ext_proc_filters(bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        http_filter["typed_config"]
+        for manager in _connection_managers(bootstrap)
+        for http_filter in manager["http_filters"]
+        if http_filter["name"] == EXT_PROC_FILTER
+    ]
+
+
+def _override_host_policies(bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
-    for listener in bootstrap["static_resources"]["listeners"]:
-        for chain in listener["filter_chains"]:
-            for network_filter in chain["filters"]:
-                for http_filter in network_filter["typed_config"].get("http_filters", []):
-                    if http_filter["name"] == EXT_PROC_FILTER:
-                        found.append(http_filter["typed_config"])
+    for cluster in bootstrap["static_resources"]["clusters"]:
+        for policy in cluster.get("load_balancing_policy", {}).get("policies", []):
+            extension = policy["typed_extension_config"]
+            if extension["name"] == OVERRIDE_HOST_POLICY:
+                found.append(extension["typed_config"])
     return found
+
+
+def _route_by_header(bootstrap: dict[str, Any]) -> None:
+    """What a gateway that receives no metadata from the EPP reads instead: the headers it set.
+
+    The pool cluster picks the host named in the destination header; a FailClose route that
+    needed the pick in metadata needs it in the header; the access log keeps the requests that
+    carry the completion key header, and logs that header so the EPP can match the entry.
+    """
+    policies = _override_host_policies(bootstrap)
+    if not policies:
+        raise ValueError("a gateway that routes by header needs the override-host upstream")
+    for policy in policies:
+        policy["override_host_sources"] = [{"header": DESTINATION_HEADER}]
+    for manager in _connection_managers(bootstrap):
+        for host in manager.get("route_config", {}).get("virtual_hosts", []):
+            for route in host["routes"]:
+                match = route["match"]
+                if match.pop("dynamic_metadata", None) is not None:
+                    match["headers"] = [{"name": DESTINATION_HEADER, "present_match": True}]
+        for log in manager.get("access_log", []):
+            log["filter"] = {
+                "header_filter": {"header": {"name": wire.COMPLETION_KEY_HEADER, "present_match": True}}
+            }
+            log["typed_config"]["additional_request_headers_to_log"] = [wire.COMPLETION_KEY_HEADER]
 
 
 def apply_profile(bootstrap: dict[str, Any], profile: GatewayProfile) -> None:
     """Rewrite every ext_proc filter of `bootstrap` (from `build_bootstrap`) to `profile`'s settings.
 
     `failure_mode_allow` and the gRPC service stay as built (the pool's failure mode, our EPP
-    cluster). Settings the gateway does not write are removed, so Envoy's defaults apply.
+    cluster). Settings the gateway does not write are removed, so Envoy's defaults apply. Where
+    the gateway receives no metadata, routing and the access log read the EPP's headers instead.
     """
+    if not profile.routes_by_metadata:
+        _route_by_header(bootstrap)
     filters = _ext_proc_filters(bootstrap)
     if not filters:
         raise ValueError("the bootstrap has no ext_proc filter")
