@@ -16,11 +16,9 @@ only; how each ended comes back in Envoy's gRPC access log):
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import itertools
 import json
-import threading
 import time
 import urllib.request
 
@@ -30,7 +28,7 @@ from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.config import BodyMode
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
-from tests.integration.traffic import OpenLoad, Result, completion_request
+from tests.integration.traffic import OpenLoad, Result, streams_through_an_epp_kill
 from tests.support import faults
 
 pytestmark = pytest.mark.integration
@@ -51,23 +49,7 @@ def _stack_id(options: object) -> str:
 
 @pytest.mark.parametrize("own_stack", KILL_MID_STREAM, indirect=True, ids=_stack_id)
 def test_an_epp_killed_mid_stream_cuts_no_response(own_stack: LocalStack) -> None:
-    started = [threading.Event() for _ in range(6)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
-        streams = [
-            pool.submit(
-                completion_request,
-                own_stack,
-                ADAPTERS[index % len(ADAPTERS)],
-                STREAM_TOKENS,
-                stream=True,
-                on_first_chunk=event.set,
-            )
-            for index, event in enumerate(started)
-        ]
-        for event in started:
-            assert event.wait(30), "a stream did not start"
-        faults.stop_epp(own_stack)  # SIGKILL while every stream is mid-response
-        results = [stream.result(timeout=60) for stream in streams]
+    results = streams_through_an_epp_kill(own_stack, ADAPTERS, STREAM_TOKENS)
     assert [(r.status, r.whole, r.error) for r in results] == [(200, True, "")] * 6
 
     faults.wait_envoy_sees_epp_down(own_stack)

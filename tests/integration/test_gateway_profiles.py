@@ -18,7 +18,6 @@ import dataclasses
 import http.client
 import itertools
 import json
-import threading
 import urllib.request
 from typing import Any
 
@@ -30,8 +29,7 @@ from epp.tools.envoy.config import BodyMode
 from epp.tools.envoy.profiles import PROFILES, Gateway, apply_profile
 from epp.tools.localstack import LocalStack, StackOptions
 from tests.integration.conftest import ADAPTERS, EPP_STACK
-from tests.integration.traffic import completion_request
-from tests.support import faults
+from tests.integration.traffic import completion_request, streams_through_an_epp_kill
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -102,23 +100,7 @@ def test_an_epp_killed_mid_stream_cuts_no_response_and_costs_few_messages(own_st
     assert left == requests
     assert received / requests <= 4 and sent / requests <= 4, (received, sent)
 
-    started = [threading.Event() for _ in range(6)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
-        streams = [
-            pool.submit(
-                completion_request,
-                own_stack,
-                ADAPTERS[index % len(ADAPTERS)],
-                150,
-                stream=True,
-                on_first_chunk=event.set,
-            )
-            for index, event in enumerate(started)
-        ]
-        for event in started:
-            assert event.wait(30), "a stream did not start"
-        faults.stop_epp(own_stack)  # SIGKILL while every stream is mid-response
-        results = [stream.result(timeout=60) for stream in streams]
+    results = streams_through_an_epp_kill(own_stack, ADAPTERS, 150)
     assert [(r.status, r.whole, r.error) for r in results] == [(200, True, "")] * 6
 
 

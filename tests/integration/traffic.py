@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from epp.tools.localstack import LocalStack
+from tests.support import faults
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -55,6 +56,30 @@ def _sse_whole(data: bytes, max_tokens: int) -> bool:
         if payload.get("usage"):
             usage_tokens = payload["usage"]["completion_tokens"]
     return tokens == max_tokens and usage_tokens == max_tokens
+
+
+def streams_through_an_epp_kill(
+    stack: LocalStack, adapters: tuple[str, ...], max_tokens: int, *, streams: int = 6
+) -> list[Result]:
+    """`streams` streamed completions, the EPP SIGKILLed once every one has its first chunk, each
+    read to its end."""
+    started = [threading.Event() for _ in range(streams)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=streams) as pool:
+        futures = [
+            pool.submit(
+                completion_request,
+                stack,
+                adapters[index % len(adapters)],
+                max_tokens,
+                stream=True,
+                on_first_chunk=event.set,
+            )
+            for index, event in enumerate(started)
+        ]
+        for event in started:
+            assert event.wait(30), "a stream did not start"
+        faults.stop_epp(stack)  # SIGKILL while every stream is mid-response
+        return [future.result(timeout=60) for future in futures]
 
 
 def completion_request(
