@@ -66,6 +66,7 @@ from epp.picker.peers import (
     PeerService,
     PeerTls,
     PeerTlsFiles,
+    PeerTlsRenewal,
     build_peer_server,
     load_peer_tls,
     parse_peers,
@@ -183,6 +184,7 @@ async def _serve(
             parts.refresher,
             *parts.adapters.runnables,
             parts.peers.sender if parts.peers is not None else None,
+            _peer_renewal(parts, servers, clock),
         )
     finally:
         await servers.stop(settings.grace_period_s)
@@ -287,6 +289,20 @@ def _build_peers(
     )
     route = peers_route(shared, service, sender, clock, own_id=own_id, refusals=refusals, tls=tls is not None)
     return _Peers(service, sender, route, tls, refusals)
+
+
+def _peer_renewal(parts: _Parts, servers: _Servers, clock: Clock) -> PeerTlsRenewal | None:
+    """Renewed `--peer-tls-*` files, taken up by the peer port and the sender without a restart."""
+    peers, server = parts.peers, servers.peer
+    if peers is None or peers.tls is None or server is None or server.gate is None:
+        return None
+    gate, sender = server.gate, peers.sender
+
+    async def apply(tls: PeerTls) -> None:
+        gate.use(tls)
+        await sender.use(tls)
+
+    return PeerTlsRenewal(peers.tls, apply, clock=clock, registry=parts.telemetry.registry)
 
 
 def _peer_tls(settings: ServeSettings) -> PeerTls | None:

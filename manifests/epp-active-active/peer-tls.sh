@@ -7,9 +7,9 @@
 #   sh manifests/epp-active-active/peer-tls.sh [NAMESPACE]          # creates or replaces the Secret
 #   sh manifests/epp-active-active/peer-tls.sh [NAMESPACE] --print  # prints it (for GitOps) instead
 #
-# Needs openssl and kubectl (--print: kubectl only for rendering, no cluster). After replacing the
-# Secret, restart the EPP (`kubectl rollout restart deployment/vllm-llama3-8b-epp`): replicas read
-# the files at start. With cert-manager instead: a CA Issuer and a Certificate with that dnsName,
+# Needs openssl and kubectl (--print: kubectl only for rendering, no cluster). Replicas take up a
+# replaced Secret within a minute or two (the kubelet's refresh, then their 30 s check); a new CA
+# needs every replica to trust it before any presents a certificate from it. With cert-manager instead: a CA Issuer and a Certificate with that dnsName,
 # usages "server auth" and "client auth", and secretName vllm-llama3-8b-epp-peer-tls
 # (docs/cluster.md).
 set -eu

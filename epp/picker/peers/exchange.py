@@ -183,6 +183,12 @@ class PeerSender:
         for channel, _ in channels.values():
             await channel.close()
 
+    async def use(self, tls: PeerTls) -> None:
+        """Present renewed certificates from now on: channels reopen with them at the next send."""
+        self._tls = tls
+        self._credentials = tls.channel_credentials()
+        await self.close()
+
     async def _resolve(self) -> list[str]:
         """Every target's addresses now, as ip:port; a name that does not resolve counts as none."""
         loop = asyncio.get_running_loop()

@@ -65,6 +65,10 @@ class PeerGate:
         self._open: set[asyncio.StreamWriter] = set()
         self.relayed = 0  # connections let through
 
+    def use(self, tls: PeerTls) -> None:
+        """Handshakes from now on use renewed certificates; connections already up keep theirs."""
+        self._context = tls.server_context()
+
     async def bind(self, host: str, port: int) -> int:
         """Take the port now (a taken one is a ListenError); accept only after `start`."""
         try:
