@@ -277,7 +277,10 @@ class Director:
         flow = self._flow
         if life.stage is Stage.QUEUED and flow is not None and flow.queues.remove(life) is not None:
             self._observer.left_queue(life, QueueOutcome.EVICTED_CANCELLED)
-        released = life.stage is Stage.DISPATCHED and self._ledger.finished(life.key, now) is not None
+        released = (
+            life.stage is Stage.DISPATCHED
+            and self._ledger.finished(life.key, now, ttft_s=life.upstream_ttft_s) is not None
+        )
         if life.decision is not None and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request finished",

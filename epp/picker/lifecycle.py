@@ -131,6 +131,16 @@ class RequestLife:
         end = self.dispatched_at if self.dispatched_at is not None else self.finished_at
         return None if end is None else end - self.queued_at
 
+    @property
+    def upstream_ttft_s(self) -> float | None:
+        """Seconds from its dispatch to the endpoint's first byte: the outcome's time to first byte
+        less the time the request spent in the EPP before it (its queue wait included); None when
+        the data plane did not say or it was never dispatched."""
+        ttft = self.outcome.ttft_s
+        if ttft is None or self.dispatched_at is None:
+            return None
+        return max(0.0, ttft - (self.dispatched_at - self.arrived_at))
+
     def refuse(self, error: EppError) -> None:
         """Record the error the request is answered with (the finish follows when it was sent)."""
         self.error = error

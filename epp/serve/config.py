@@ -299,7 +299,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             type=pathlib.Path,
             default=None,
             metavar="FILE",
-            help=f"{what}; with --peers, all three are required unless --peer-insecure (read at start and every 30 s after)",
+            help=f"{what}; with --peers, all three are required unless --peer-insecure "
+            "(read at start and every 30 s after)",
         )
     add_bool_flag(
         parser,

@@ -135,8 +135,8 @@ def test_inference_perf_lora_mix_through_the_gateway(
     routed = _routed_by_adapter(own_stack)
     assert {name: routed[name] for name in local.ADAPTERS} == reported, routed
 
-    # ... and routed by adapter: the sims loaded every adapter, and never more often than the
-    # pool has LoRA slots, so no adapter evicted another (round-robin routing: about 20 loads).
+    # ... and routed by adapter: the sims (which, as vLLM does, put adapters registered at start
+    # straight into a slot) loaded adapters never more often than the pool has LoRA slots, so no
+    # adapter evicted another (round-robin routing: about 20 loads).
     loads = own_stack.adapter_loads()
-    assert set(local.ADAPTERS) <= {name for name, count in loads.items() if count >= 1}, loads
     assert sum(loads.values()) <= STACK.pods * STACK.sim.max_loras, loads

@@ -22,7 +22,7 @@ from epp.picker.scheduling.types import Scheduler
 
 # Our policy scores at most this many endpoints per decision (homes + a random sample);
 # configs loaded from YAML score every candidate, as upstream does.
-MAX_SCORED_ENDPOINTS = {"default": 64}
+MAX_SCORED_ENDPOINTS = {"default": 64, "learned-costs": 64}
 
 __all__ = ["POLICY_NAMES", "build_scheduler", "build_scheduler_from_config"]
 

@@ -23,6 +23,9 @@ BASE_MODEL = ""  # the adapter a flight names when it needs no LoRA slot
 
 # Called after each change: (flight, finished, now). `finished` is False when the flight was routed.
 LedgerListener = Callable[[Flight, bool, float], None]
+# Called as a flight ends: (flight, seconds from its dispatch to its first response byte when the
+# data plane said, else None, now). What learns the cost of each choice listens here.
+OutcomeListener = Callable[[Flight, float | None, float], None]
 
 
 class RoutingLedger:
@@ -35,6 +38,7 @@ class RoutingLedger:
         self.residency = residency
         self.popularity = popularity
         self._listeners: list[LedgerListener] = []
+        self._outcomes: list[OutcomeListener] = []
         inflight.on_drop = self._released
 
     def __len__(self) -> int:
@@ -42,6 +46,9 @@ class RoutingLedger:
 
     def listen(self, listener: LedgerListener) -> None:
         self._listeners.append(listener)
+
+    def listen_outcomes(self, listener: OutcomeListener) -> None:
+        self._outcomes.append(listener)
 
     def routed(self, key: str, endpoint: str, adapter: str, now: float, *, origin: str = "") -> None:
         """`key` was sent to `endpoint` at `now`; `adapter` is BASE_MODEL when it needs no LoRA slot.
@@ -60,18 +67,21 @@ class RoutingLedger:
             for listener in self._listeners:
                 listener(flight, False, now)
 
-    def finished(self, key: str, now: float) -> Flight | None:
-        """`key` finished at `now`; returns its flight, or None when the ledger does not hold it."""
+    def finished(self, key: str, now: float, *, ttft_s: float | None = None) -> Flight | None:
+        """`key` finished at `now`, its first byte `ttft_s` after dispatch (None: unknown); returns
+        its flight, or None when the ledger does not hold it."""
         flight = self.inflight.remove(key)
         if flight is not None:
-            self._released(flight, now)
+            self._released(flight, now, ttft_s)
         return flight
 
     def own(self) -> list[Flight]:
         """This process's own requests in flight, oldest first (what a peer's reset carries)."""
         return [flight for flight in self.inflight if flight.origin == ""]
 
-    def _released(self, flight: Flight, now: float) -> None:
+    def _released(self, flight: Flight, now: float, ttft_s: float | None = None) -> None:
+        for outcome in self._outcomes:
+            outcome(flight, ttft_s, now)
         self.residency.on_completed(flight.endpoint)
         for listener in self._listeners:
             listener(flight, True, now)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.errors import ConfigError
+from epp.picker.scheduling.costs import CostEstimator, CostPriors
 from epp.picker.scheduling.filters import (
     DecodeFilter,
     HeaderBasedTestingFilter,
@@ -35,6 +36,7 @@ from epp.picker.scheduling.scorers.gpu_headroom import GpuHeadroomScorer
 from epp.picker.scheduling.scorers.kv_cache_utilization import KvCacheUtilizationScorer
 from epp.picker.scheduling.scorers.load import LoadScorer
 from epp.picker.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.picker.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from epp.picker.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.picker.scheduling.scorers.queue import QueueScorer, RunningRequestsScorer
 from epp.picker.scheduling.state import SchedulerState
@@ -99,6 +101,24 @@ def _adapter_affinity(name: str, p: Params, state: SchedulerState) -> Plugin:
         protect_ratio=p.number("protectRatio", defaults.protect_ratio, minimum=0),
         planned_home=p.number("plannedHomeScore", defaults.planned_home, minimum=0, maximum=1),
         planned_swap=p.number("plannedSwapScore", defaults.planned_swap, minimum=0, maximum=1),
+    )
+
+
+def _predicted_ttft(name: str, p: Params, state: SchedulerState) -> Plugin:
+    d = CostPriors()
+    priors = CostPriors(
+        hit_s=p.number("hitSeconds", d.hit_s, minimum=0),
+        per_load_s=p.number("perRequestSeconds", d.per_load_s, minimum=0),
+        host_load_s=p.number("hostLoadSeconds", d.host_load_s, minimum=0),
+        storage_load_s=p.number("storageLoadSeconds", d.storage_load_s, minimum=0),
+        weight=p.number("priorWeight", d.weight, minimum=1e-9),
+        alpha=p.number("alpha", d.alpha, minimum=1e-6, maximum=0.999),
+    )
+    return PredictedTtftScorer.attached(
+        state,
+        CostEstimator(priors),
+        name=name,
+        slot_wait_factor=p.number("slotWaitFactor", 1.0, minimum=0),
     )
 
 
@@ -264,6 +284,7 @@ PLUGINS: dict[str, Factory] = {
     "kv-cache-match-scorer": _prefix,
     "load-scorer": _load,
     "gpu-headroom-scorer": _headroom,
+    "predicted-ttft-scorer": _predicted_ttft,
     # pickers
     "max-score-picker": _max_score,
     "random-picker": _random,

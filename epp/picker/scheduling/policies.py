@@ -4,6 +4,9 @@
   max-score picker; flow control on, gated per endpoint on request headroom and LoRA slots
   (`lora-capacity-detector`), so a request waits in the EPP rather than on a pod without a slot
   for its adapter, and a freed slot goes to the adapter whose waiting requests it relieves most.
+- `learned-costs`: `default` with its load term replaced by each pod's predicted TTFT for the
+  request (`predicted-ttft-scorer` 0.30: learned hit TTFT, per-request queueing delay and the price
+  of a host-memory or storage adapter load there, `scheduling.costs`) and adapter affinity at 0.35.
 - `gie-v1`: upstream v1.x default: queue 2, kv-cache-utilization 2, prefix 3, max-score picker.
 - `gie-v0.3`: upstream v0.3.0 criticality decision tree (thresholds: KV 0.8, queue 5 for
   non-critical, 128 for critical, LoRA affinity 0.999), uniform random among survivors.
@@ -28,7 +31,15 @@ from epp.picker.scheduling.framework import ScheduleContext, prefer_fresh
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest, Scheduler, SchedulingResult
 
-POLICY_NAMES: tuple[str, ...] = ("default", "round-robin", "random", "least-queue", "gie-v0.3", "gie-v1")
+POLICY_NAMES: tuple[str, ...] = (
+    "default",
+    "learned-costs",
+    "round-robin",
+    "random",
+    "least-queue",
+    "gie-v0.3",
+    "gie-v1",
+)
 
 # One endpoint by default, as upstream: an ORIGINAL_DST cluster answers 503 to a comma list.
 # Fallbacks are a config away (`maxNumOfEndpoints: 3`), for data planes that walk the list.
@@ -59,6 +70,18 @@ schedulingProfiles:
   - {pluginRef: max-score-picker}
 """
 
+# `default` with its load term replaced by each pod's learned predicted TTFT for the request
+# (`predicted-ttft-scorer`, `scheduling.costs`: queueing and the price of a miss there), weighed
+# beside a lighter adapter affinity, which keeps its placement plan, hotspot spill and drain guard.
+LEARNED_COSTS_CONFIG = (
+    DEFAULT_CONFIG.replace("- type: load-scorer\n", "- type: predicted-ttft-scorer\n")
+    .replace(
+        "{pluginRef: adapter-affinity-scorer, weight: 0.50}",
+        "{pluginRef: adapter-affinity-scorer, weight: 0.35}",
+    )
+    .replace("{pluginRef: load-scorer, weight: 0.15}", "{pluginRef: predicted-ttft-scorer, weight: 0.30}")
+)
+
 GIE_V1_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -76,7 +99,7 @@ schedulingProfiles:
   - {pluginRef: max-score-picker}
 """
 
-_CONFIGS = {"default": DEFAULT_CONFIG, "gie-v1": GIE_V1_CONFIG}
+_CONFIGS = {"default": DEFAULT_CONFIG, "learned-costs": LEARNED_COSTS_CONFIG, "gie-v1": GIE_V1_CONFIG}
 
 
 def policy_config_text(name: str) -> str | None:

@@ -224,6 +224,9 @@ class _Run:
             for done in self.pods[i].end_step(now):
                 life = self.in_flight.pop(done.index)
                 life.outcome.status = 200
+                # What the gateway's access log reports at the response's end: time to first byte
+                # from the request's arrival (here its first token, which the pod model times).
+                life.outcome.ttft_s = done.ttft_s
                 life.finish(Ending.RESPONSE, now)
             self._ending = -1
             self.start_step(i, now)

@@ -1,14 +1,13 @@
 """The benchmark's pod: the shared vLLM pod model, costed by a calibrated hardware profile.
 
 The model itself (scheduling, LoRA slots, KV, prefix cache, `/metrics`) is `epp.tools.vllm_pod`,
-the same code `epp sim` serves over HTTP. Here it runs under `BENCH_RULES`, the reporting rules
-the published figures (docs/benchmarks.md) were produced with, and the names the event loop uses
-are gathered in one place.
+the same code `epp sim` serves over HTTP, under the same vLLM rules; here it is costed by a
+`PodProfile` and the names the event loop uses are gathered in one place.
 """
 
 from __future__ import annotations
 
-from epp.tools.vllm_pod.pod import BENCH_RULES, PodConfig, PodCounters, VllmPod
+from epp.tools.vllm_pod.pod import PodConfig, PodCounters, VllmPod
 from epp.tools.vllm_pod.profiles import PROFILES, PodProfile
 from epp.tools.vllm_pod.request import SimRequest
 
@@ -25,6 +24,5 @@ class SimPod(VllmPod):
             profile,
             kv_capacity_tokens=profile.kv_capacity_tokens,
             block_size=profile.block_size_tokens,
-            rules=BENCH_RULES,
         )
         self.profile = profile

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from epp.tools.bench import seed_claim
 from epp.tools.bench.runner import BenchResult, PolicySummary, cdf_points
 from epp.tools.bench.scenario import Scenario
 from epp.tools.bench.workload import Tenants
@@ -51,6 +52,15 @@ def comparisons(result: BenchResult) -> dict[str, Any]:
             "ttft_p50_reduction": _reduction(rr.ttft_p50_s, ours.ttft_p50_s),
             "e2e_p50_reduction": _reduction(rr.e2e_p50_s, ours.e2e_p50_s),
             "ttft_p99_reduction": _reduction(rr.ttft_p99_s, ours.ttft_p99_s),
+        }
+    if seed_claim.applies(result):
+        f = seed_claim.seed_figures(result)
+        out["seed_claim"] = {
+            "swap_ratio": None if f.swap_ratio is None or math.isinf(f.swap_ratio) else f.swap_ratio,
+            "swap_ratio_unbounded": f.swap_ratio is not None and math.isinf(f.swap_ratio),
+            "adapter_hit_rate": f.adapter_hit_rate,
+            "p50_latency_cut": f.p50_latency_cut,
+            "gpu_cost_cut": f.gpu_cost_cut,
         }
     total = result.dedicated_total
     if result.dedicated is not None:
@@ -197,6 +207,11 @@ def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]], min_widths
 def format_table(result: BenchResult) -> str:
     lines = _text_table([n for n, _ in _COLUMNS], table_rows(result), [w for _, w in _COLUMNS])
     lines += _comparison_lines(result)
+    if seed_claim.applies(result):
+        header = seed_claim.SEED_HEADER
+        lines += ["", "The seed's claim beside ours:"]
+        lines += _text_table(header, seed_claim.seed_rows(result), [len(h) for h in header])
+        lines.append(seed_claim.conditions(result))
     for header, rows in flow_tables(result):
         lines += ["", *_text_table(header, rows, [len(h) for h in header])]
     legend = flow_legend(result)
@@ -364,6 +379,12 @@ def markdown_report(result: BenchResult, *, command: str, plots: Sequence[str]) 
     ]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(result)]
     lines += ["", *(f"- {line.strip()}" for line in _comparison_lines(result)), ""]
+    if seed_claim.applies(result):
+        seed_header = seed_claim.SEED_HEADER
+        lines += ["## The seed's claim beside ours", ""]
+        lines += ["| " + " | ".join(seed_header) + " |", "|" + "---|" * len(seed_header)]
+        lines += ["| " + " | ".join(row) + " |" for row in seed_claim.seed_rows(result)]
+        lines += ["", seed_claim.conditions(result) + ".", ""]
     for table_header, rows in flow_tables(result):
         lines += ["| " + " | ".join(table_header) + " |", "|" + "---|" * len(table_header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -21,6 +21,7 @@ import yaml
 from epp.errors import ConfigError
 from epp.tools.bench import workload
 from epp.tools.bench.model import PROFILES, PodConfig, PodProfile
+from epp.tools.bench.sim_cost import parse_sim_cost
 
 _TOP_KEYS = {
     "name",
@@ -42,6 +43,7 @@ _TOP_KEYS = {
     "tenants",
     "flood",
     "priorities",
+    "sim_cost",
 }
 
 # client model name → ((target model, weight), ...): an InferenceModel's weighted targets
@@ -205,7 +207,16 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     adapters = _section(
         document,
         "adapters",
-        {"count", "popularity", "zipf_alpha", "tiers", "base_fraction", "system_prompt_tokens", "shift"},
+        {
+            "count",
+            "popularity",
+            "zipf_alpha",
+            "tiers",
+            "base_fraction",
+            "system_prompt_tokens",
+            "shift",
+            "rank",
+        },
     )
     arrivals = _section(document, "arrivals", {"rate_rps", "cv", "trace", "time_scale", "diurnal"})
     lengths = _section(document, "lengths", {"prompt_tokens", "output_tokens"})
@@ -280,7 +291,7 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     return Scenario(
         name=str(document.get("name", "custom")),
         description=str(document.get("description", "")).strip(),
-        profile=PROFILES[model],
+        profile=_profile(document, model, adapters),
         pod_config=config,
         replicas=replicas,
         workload=spec,
@@ -297,6 +308,16 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         epp_replicas=epp_replicas,
         epp_peers=epp_peers,
     )
+
+
+def _profile(document: Mapping[str, Any], model: str, adapters: Mapping[str, Any]) -> PodProfile:
+    """The cost model: `sim_cost` (`epp sim`'s latencies) when given, else the named hardware profile."""
+    if "sim_cost" in document:
+        if "model" in document or "rank" in adapters:
+            raise ValueError("sim_cost replaces the model profile: give sim_cost or model/adapters.rank")
+        return parse_sim_cost(document["sim_cost"])
+    # adapters.rank (optional): the LoRA rank, which prices adapter loads (default: the profile's).
+    return PROFILES[model].at_rank(int(adapters["rank"])) if "rank" in adapters else PROFILES[model]
 
 
 def _shift(value: Any, count: int) -> workload.PopularityShift | None:

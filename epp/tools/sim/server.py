@@ -114,7 +114,7 @@ class SimServer:
         self.adapters: dict[str, str] = {}
         for name, path in settings.lora_modules:
             self.adapters[name] = path
-            self.engine.lora.load_to_cpu(name, ())
+            self.engine.lora.register(name, ())
         self._in_flight = 0
 
     # ---- app ------------------------------------------------------------------------------
@@ -491,7 +491,7 @@ class SimServer:
                 404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {shown}"
             )
         await self.clock.sleep(self.settings.engine.cost.lora_load_latency_s)
-        self.engine.lora.load_to_cpu(name, self.engine.pinned_adapters())
+        self.engine.lora.register(name, self.engine.pinned_adapters())
         self.adapters[name] = path
         log.info("lora adapter loaded", extra={"adapter": name, "path": path})
         return _untyped_text(f"Success: LoRA adapter '{name}' added successfully.")
@@ -508,6 +508,7 @@ class SimServer:
             raise errors.ApiError(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
         # Like vLLM: only the API table forgets it; weights leave the caches by LRU eviction.
         del self.adapters[name]
+        self.engine.lora.forget(name)
         log.info("lora adapter unloaded", extra={"adapter": name})
         return _untyped_text(f"Success: LoRA adapter '{name}' removed successfully.")
 

@@ -4,19 +4,24 @@ Invariants: at most `max_gpu_slots` adapters on the GPU and at most `max_cpu_ada
 memory. An adapter used by a request in the running batch is *pinned*: its slot is never taken,
 which is what makes a request for another adapter wait (vLLM's "deferred" reason).
 
-How the host tier is kept is a `HostTier` choice, because the two consumers were calibrated
-differently and `epp bench`'s published figures must stay reproducible:
+The host tier is kept as vLLM keeps it, for `epp sim` and `epp bench` alike, so the bench's figures
+follow vLLM: it is inclusive (every GPU adapter also has a host copy), every use refreshes both
+LRUs, and a full host tier drops the oldest copy that is not on the GPU first. An adapter evicted
+from its slot therefore keeps its host copy until `max_cpu_adapters` newer ones push it out, and
+its next load is a host copy, not a read from storage.
 
-- `INCLUSIVE` (vLLM's; `epp sim`): every GPU adapter also has a host copy, every use refreshes
-  both LRUs, and a full host tier drops the oldest copy that is not on the GPU first.
-- `LOAD_HISTORY` (`epp bench`): the host tier remembers the last `max_cpu_adapters` adapters loaded
-  into a slot, refreshed only by loads; a GPU resident may have lost its host copy, so its next
-  load after eviction reads storage again.
+The runtime API and startup modules follow vLLM 0.32.0 as a real server shows it (DEBUG log of
+`vllm/lora/model_manager.py`, checked by `tests/realvllm/test_lora_lifecycle.py`): registering an
+adapter (`--lora-modules`, `POST /v1/load_lora_adapter`) reads it from storage into host memory
+*and* puts it in a GPU slot (`register`); unloading it only drops the name (`forget`): its copies
+stay in both tiers until newer adapters push them out, and a later load under the same name is a
+new adapter, read from storage again.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -28,13 +33,6 @@ class AdapterTier(enum.Enum):
     GPU = "gpu"  # in a slot: free
     CPU = "cpu"  # host memory: a copy into a slot
     DISK = "disk"  # nowhere: read from storage, then copy
-
-
-class HostTier(enum.Enum):
-    """How the host-memory tier is kept (see the module docstring)."""
-
-    INCLUSIVE = "inclusive"
-    LOAD_HISTORY = "load-history"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,19 +47,17 @@ class Activation:
 class LoraSlots:
     """GPU slots over a host tier, each evicting the least recently used unpinned adapter first."""
 
-    def __init__(
-        self, max_gpu_slots: int, max_cpu_adapters: int, host_tier: HostTier = HostTier.INCLUSIVE
-    ) -> None:
+    def __init__(self, max_gpu_slots: int, max_cpu_adapters: int) -> None:
         if max_gpu_slots < 1:
             raise ValueError(f"max_loras must be ≥ 1, got {max_gpu_slots}")
         if max_cpu_adapters < max_gpu_slots:
             raise ValueError(f"max_cpu_loras ({max_cpu_adapters}) must be ≥ max_loras ({max_gpu_slots})")
         self.max_gpu_slots = max_gpu_slots
         self.max_cpu_adapters = max_cpu_adapters
-        self.host_tier = host_tier
         # Oldest first; moving to the end marks use.
         self._gpu: OrderedDict[str, None] = OrderedDict()
         self._cpu: OrderedDict[str, None] = OrderedDict()
+        self._forgotten = itertools.count()
 
     @property
     def gpu_adapters(self) -> tuple[str, ...]:
@@ -98,8 +94,7 @@ class LoraSlots:
         gpu = self._gpu
         if adapter in gpu:
             gpu.move_to_end(adapter)
-            if self.host_tier is HostTier.INCLUSIVE:
-                self._cpu.move_to_end(adapter)
+            self._cpu.move_to_end(adapter)
             return Activation(adapter, AdapterTier.GPU, None)
         source = AdapterTier.CPU if adapter in self._cpu else AdapterTier.DISK
         evicted: str | None = None
@@ -109,29 +104,14 @@ class LoraSlots:
                 raise ValueError(f"no GPU slot for adapter {adapter!r}: all {self.max_gpu_slots} pinned")
             del gpu[evicted]
         gpu[adapter] = None
-        if self.host_tier is HostTier.INCLUSIVE:
-            self._admit_to_cpu(adapter, pinned)
-        elif source is AdapterTier.CPU:
-            self._cpu.move_to_end(adapter)
-        else:
-            self._cpu[adapter] = None
-            if len(self._cpu) > self.max_cpu_adapters:
-                self._cpu.popitem(last=False)
+        self.load_to_cpu(adapter, pinned)
         return Activation(adapter, source, evicted)
 
     def load_to_cpu(self, adapter: str, pinned: Collection[str]) -> bool:
-        """Read an adapter into host memory (startup modules, the runtime load API); False if no room."""
-        if adapter in self._cpu:
-            self._cpu.move_to_end(adapter)
-            return True
-        if self.host_tier is HostTier.LOAD_HISTORY:
-            self._cpu[adapter] = None
-            if len(self._cpu) > self.max_cpu_adapters:
-                self._cpu.popitem(last=False)
-            return True
-        return self._admit_to_cpu(adapter, pinned)
+        """Read an adapter into host memory (startup modules, the runtime load API, a slot load).
 
-    def _admit_to_cpu(self, adapter: str, pinned: Collection[str]) -> bool:
+        False when there is no room: every host copy belongs to a pinned GPU adapter.
+        """
         if adapter in self._cpu:
             self._cpu.move_to_end(adapter)
             return True
@@ -146,3 +126,29 @@ class LoraSlots:
             del self._cpu[victim]
         self._cpu[adapter] = None
         return True
+
+    def register(self, adapter: str, pinned: Collection[str]) -> bool:
+        """vLLM's `add_lora` (startup modules, the runtime load API): a read from storage into host
+        memory that also takes a GPU slot, over the least recently used unpinned one.
+
+        vLLM evicts the oldest slot even if the batch uses it and loads that one back next step;
+        here a pinned slot is kept and, with every slot pinned, the adapter waits in host memory.
+        False when host memory has no room for it either.
+        """
+        if not self.load_to_cpu(adapter, pinned):
+            return False
+        if self.can_activate(adapter, pinned):
+            self.activate(adapter, pinned)
+        return True
+
+    def forget(self, adapter: str) -> None:
+        """vLLM's unload: the name goes, its weights stay where they are until LRU evicts them.
+
+        The copies are renamed, in place in both LRU orders, to a name no request can ask for, so
+        they keep their slot and host room and a later `register` of the same name reads storage.
+        """
+        if adapter not in self._cpu:
+            return
+        ghost = f"\0unloaded-{next(self._forgotten)}:{adapter}"
+        self._cpu = OrderedDict((ghost if name == adapter else name, None) for name in self._cpu)
+        self._gpu = OrderedDict((ghost if name == adapter else name, None) for name in self._gpu)

@@ -4,10 +4,15 @@ Every constant names its public source beside it (`PROFILES` and the adapter-loa
 docs/benchmarks.md has the same table. A step costs a fixed base, plus a cost per decoding
 sequence and per prefill token, scaled by the number of distinct adapters in the batch; an adapter
 load costs a fixed time plus the adapter's size over each link it crosses (disk → host → GPU).
+
+An adapter's size is linear in its rank (each adapted weight gains rank × (in + out) parameters,
+Hu et al. 2021, "LoRA", §4.1), so a profile states its size at one rank and `at_rank` rescales it
+for a scenario whose adapters have another (`adapters.rank` in a scenario file).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from epp.tools.vllm_pod.lora import AdapterTier
@@ -24,10 +29,23 @@ class PodProfile:
     decode_s_per_seq: float  # extra step time per decoding sequence in the batch
     prefill_s_per_token: float  # step time per prefill token scheduled in the step
     kv_capacity_tokens: int  # KV cache size in tokens
-    adapter_bytes: int  # size of one LoRA adapter held by this pod (per GPU under TP)
+    adapter_bytes: int  # size of one LoRA adapter at `adapter_rank` held by this pod (per GPU under TP)
     lora_step_overhead_per_adapter: float  # k6: step factor 1 + k6 · distinct adapters in the batch
     block_size_tokens: int = 16  # vLLM default KV block size
     adapter_load_s: float | None = None  # fixed load time per slot miss; None = size-based (below)
+    adapter_rank: int = 16  # the LoRA rank `adapter_bytes` was computed at
+
+    def at_rank(self, rank: int) -> PodProfile:
+        """This profile serving adapters of LoRA rank `rank`: the same modules, a size scaled by rank.
+
+        Only the load cost follows; the step overhead k6 stays the profile's (its source gives it
+        at r8 and r16, not as a law in rank).
+        """
+        if rank < 1:
+            raise ValueError(f"adapter rank must be at least 1, got {rank}")
+        return dataclasses.replace(
+            self, adapter_rank=rank, adapter_bytes=round(self.adapter_bytes * rank / self.adapter_rank)
+        )
 
     def step_s(self, decoding: int, running: int, prefill_tokens: int, distinct_adapters: int) -> float:
         del running  # the sources price decoding sequences and prefill tokens, not batch membership
@@ -40,6 +58,7 @@ class PodProfile:
             return 0.0
         if self.adapter_load_s is not None:
             return self.adapter_load_s
+        # A host copy crosses PCIe into the slot; a storage read lands in host memory first.
         load_s = CPU_TO_GPU_FIXED_S + self.adapter_bytes / CPU_TO_GPU_BYTES_PER_S
         if source is AdapterTier.DISK:
             load_s += DISK_FIXED_S + self.adapter_bytes * DISK_S_PER_BYTE
@@ -63,6 +82,7 @@ PROFILES: dict[str, PodProfile] = {
         kv_capacity_tokens=462_000,
         adapter_bytes=66_000_000,
         lora_step_overhead_per_adapter=0.035,
+        adapter_rank=16,
     ),
     # Llama-3.1-8B on 1×H100 bf16 (NVIDIA NIM Llama-3.1-8B v1.8.0 benchmarks): ITL 4.6 ms at c=1, 7.6 ms at
     #   c=100 → +0.030 ms per sequence. Prefill: the 70B per-token cost scaled by parameter count
@@ -79,6 +99,7 @@ PROFILES: dict[str, PodProfile] = {
         kv_capacity_tokens=437_000,
         adapter_bytes=7_000_000,
         lora_step_overhead_per_adapter=0.02,
+        adapter_rank=8,
     ),
 }
 

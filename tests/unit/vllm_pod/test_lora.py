@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.tools.vllm_pod.lora import AdapterTier, HostTier, LoraSlots
+from epp.tools.vllm_pod.lora import AdapterTier, LoraSlots
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,6 @@ def test_rejects_impossible_sizes(gpu: int, cpu: int) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    host_tier=st.sampled_from(HostTier),
     slots=st.integers(1, 3),
     extra_cpu=st.integers(0, 3),
     ops=st.lists(
@@ -89,9 +88,9 @@ def test_rejects_impossible_sizes(gpu: int, cpu: int) -> None:
     ),
 )
 def test_bounds_hold_under_any_sequence(
-    host_tier: HostTier, slots: int, extra_cpu: int, ops: list[tuple[str, str, set[str]]]
+    slots: int, extra_cpu: int, ops: list[tuple[str, str, set[str]]]
 ) -> None:
-    cache = LoraSlots(max_gpu_slots=slots, max_cpu_adapters=slots + extra_cpu, host_tier=host_tier)
+    cache = LoraSlots(max_gpu_slots=slots, max_cpu_adapters=slots + extra_cpu)
     for op, name, pinned_candidates in ops:
         pinned = pinned_candidates & set(cache.gpu_adapters)
         if op == "activate":
@@ -105,19 +104,57 @@ def test_bounds_hold_under_any_sequence(
             assert pinned <= set(cache.gpu_adapters)
         assert len(cache.gpu_adapters) <= slots
         assert len(cache.cpu_adapters) <= slots + extra_cpu
-        if host_tier is HostTier.INCLUSIVE:
-            assert set(cache.gpu_adapters) <= set(cache.cpu_adapters)
+        assert set(cache.gpu_adapters) <= set(cache.cpu_adapters)
 
 
-def test_load_history_host_tier_remembers_loads_not_uses() -> None:
-    """`epp bench`'s host tier: the last adapters loaded into a slot, whether or not still on the GPU."""
-    cache = LoraSlots(max_gpu_slots=2, max_cpu_adapters=2, host_tier=HostTier.LOAD_HISTORY)
+def test_an_adapter_evicted_from_its_slot_comes_back_from_host_memory() -> None:
+    """vLLM's tier is inclusive and every use refreshes it: a GPU resident keeps its host copy, so
+    an adapter swapped out reloads from host memory until newer adapters push its copy out."""
+    cache = LoraSlots(max_gpu_slots=2, max_cpu_adapters=3)
     cache.activate("a", pinned=())
     cache.activate("b", pinned=())
-    cache.activate("a", pinned=())  # a GPU hit: the GPU LRU moves, the host tier does not
-    assert (cache.gpu_adapters, cache.cpu_adapters) == (("b", "a"), ("a", "b"))
+    cache.activate("a", pinned=())  # a GPU hit refreshes a in both tiers
+    assert (cache.gpu_adapters, cache.cpu_adapters) == (("b", "a"), ("b", "a"))
     assert cache.activate("c", pinned={"a"}).evicted_from_gpu == "b"
-    # c's load pushed a (the oldest load) out of host memory though a is still on the GPU.
-    assert (cache.gpu_adapters, cache.cpu_adapters) == (("a", "c"), ("b", "c"))
-    assert cache.activate("b", pinned={"c"}).source is AdapterTier.CPU
-    assert cache.activate("a", pinned={"b"}).source is AdapterTier.DISK
+    assert cache.activate("b", pinned={"c"}).source is AdapterTier.CPU  # swapped back from host memory
+    # d fills the host tier past 3: the oldest copy not on the GPU goes (a, once b took a's slot).
+    assert cache.activate("d", pinned={"b"}).evicted_from_gpu == "c"
+    assert set(cache.cpu_adapters) == {"b", "c", "d"}
+    assert cache.activate("a", pinned={"d"}).source is AdapterTier.DISK
+
+
+def test_registering_adapters_fills_host_memory_and_the_gpu_slots_as_vllm_startup_does() -> None:
+    """vLLM 0.32.0 with --max-loras 2 --max-cpu-loras 4 and four --lora-modules: all four in host
+    memory, the last two registered in the slots (its DEBUG log: "Activating LoRA" per module)."""
+    cache = LoraSlots(max_gpu_slots=2, max_cpu_adapters=4)
+    for name in ("lora-0", "lora-1", "lora-2", "lora-3"):
+        assert cache.register(name, pinned=())
+    assert cache.gpu_adapters == ("lora-2", "lora-3")
+    assert cache.cpu_adapters == ("lora-0", "lora-1", "lora-2", "lora-3")
+
+
+def test_registering_never_takes_a_pinned_slot() -> None:
+    cache = LoraSlots(max_gpu_slots=1, max_cpu_adapters=2)
+    cache.activate("a", pinned=())
+    assert cache.register("b", pinned={"a"})
+    assert (cache.gpu_adapters, cache.tier("b")) == (("a",), AdapterTier.CPU)
+
+
+def test_an_unloaded_adapter_keeps_its_room_until_evicted_and_a_reload_reads_storage() -> None:
+    """The sequence a real vLLM 0.32.0 logged: unload frees nothing; the next registration evicts
+    the unloaded copy as the oldest in host memory; the same name loaded again is a new adapter."""
+    cache = LoraSlots(max_gpu_slots=2, max_cpu_adapters=4)
+    for name in ("lora-0", "lora-1", "lora-2", "lora-3"):
+        cache.register(name, pinned=())
+    for name in ("lora-0", "lora-1", "lora-2", "lora-3"):
+        assert cache.activate(name, pinned=()).source is AdapterTier.CPU
+    cache.forget("lora-0")
+    assert cache.tier("lora-0") is AdapterTier.DISK
+    assert len(cache.cpu_adapters) == 4  # its copy still takes host room
+    cache.register("lora-4", pinned=())
+    assert cache.gpu_adapters == ("lora-3", "lora-4")
+    assert cache.cpu_adapters == ("lora-1", "lora-2", "lora-3", "lora-4")  # the unloaded copy went
+    cache.forget("lora-3")  # on the GPU: its slot stays taken until LRU reaches it
+    assert len(cache.gpu_adapters) == 2 and cache.on_gpu("lora-3") is False
+    assert cache.activate("lora-0", pinned={"lora-4"}).source is AdapterTier.DISK
+    assert cache.gpu_adapters == ("lora-4", "lora-0")

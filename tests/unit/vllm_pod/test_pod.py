@@ -1,4 +1,4 @@
-"""The shared pod model's scheduler: budgets, aborts, the prefix cache in free KV and its `Rules`."""
+"""The shared pod model's scheduler: budgets, aborts, the prefix cache in free KV, vLLM's KV count."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 
 from epp.tools.vllm_pod.cost import LatencyCost
 from epp.tools.vllm_pod.lora import AdapterTier
-from epp.tools.vllm_pod.pod import BENCH_RULES, VLLM_RULES, PodConfig, Rules, VllmPod
+from epp.tools.vllm_pod.pod import PodConfig, VllmPod
 from epp.tools.vllm_pod.request import SimRequest
 
 FLAT = LatencyCost(itl_batch_factor=0.0, lora_step_slowdown=0.0)
 
 
-def pod(rules: Rules = VLLM_RULES, *, kv_tokens: int = 65536, **config: Any) -> VllmPod:
-    return VllmPod("p", PodConfig(**config), FLAT, kv_capacity_tokens=kv_tokens, block_size=16, rules=rules)
+def pod(*, kv_tokens: int = 65536, **config: Any) -> VllmPod:
+    return VllmPod("p", PodConfig(**config), FLAT, kv_capacity_tokens=kv_tokens, block_size=16)
 
 
 def request(
@@ -30,10 +30,9 @@ def step(p: VllmPod, now: float) -> tuple[float, list[SimRequest]]:
     return now + duration, p.end_step(now + duration)
 
 
-@pytest.mark.parametrize("rules", [VLLM_RULES, BENCH_RULES], ids=["vllm", "bench"])
-def test_a_batch_full_of_sequences_defers_nothing(rules: Rules) -> None:
+def test_a_batch_full_of_sequences_defers_nothing() -> None:
     """vLLM stops reading its queue at max_num_seqs, so the requests behind were never skipped."""
-    p = pod(rules, max_loras=2, max_cpu_loras=4, max_num_seqs=8)
+    p = pod(max_loras=2, max_cpu_loras=4, max_num_seqs=8)
     for i in range(16):
         p.enqueue(request(i, f"lora-{i // 4}"))
     p.enqueue(request(16))
@@ -52,18 +51,17 @@ def test_vllm_counts_a_skipped_request_as_deferred_until_the_pass_reaches_one_th
     assert p.adapters_in_batch() == ("a",)
 
 
-@pytest.mark.parametrize(
-    ("rules", "usage"),
-    [(VLLM_RULES, 2 / 4), (BENCH_RULES, 60 / 64)],
-    ids=["vllm-blocks-in-use", "bench-reserved-tokens"],
-)
-def test_kv_usage_counts_blocks_in_use_or_reserved_tokens(rules: Rules, usage: float) -> None:
-    p = pod(rules, kv_tokens=64)  # 4 blocks of 16
+def test_kv_usage_counts_blocks_in_use_not_reserved_tokens() -> None:
+    p = pod(kv_tokens=64)  # 4 blocks of 16
     for i in range(3):
         p.enqueue(request(i, prompt=10, output=20))  # each reserves 30 tokens and holds 1 block
-    p.begin_step(0.0)
+    now, _ = step(p, 0.0)
     assert (p.running, p.waiting) == (2, 1)  # the third does not fit in KV
-    assert p.kv_cache_usage() == pytest.approx(usage)
+    assert p.kv_reserved_tokens == 60
+    assert p.kv_cache_usage() == pytest.approx(2 / 4)  # 11 tokens each: one block each
+    for _ in range(6):
+        now, _ = step(p, now)
+    assert p.kv_cache_usage() == pytest.approx(4 / 4)  # 17 tokens each: a second block each
 
 
 def test_prefill_is_chunked_under_the_token_budget_after_the_decodes() -> None:
@@ -100,7 +98,7 @@ def test_abort_releases_kv_and_the_adapter_pin(where: str) -> None:
 
 
 def test_cached_prefixes_live_in_free_kv() -> None:
-    p = pod(BENCH_RULES, kv_tokens=1200, max_loras=4)
+    p = pod(kv_tokens=1200, max_loras=4)
     warm = request(0, "a", prompt=600, output=1, prefix=512)
     p.enqueue(warm)
     now, _ = step(p, 0.0)
