@@ -29,6 +29,7 @@ from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.integration.conftest import _started, completion
 from tests.support import faults
+from tests.support.epp_metrics import epp_metric
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -238,18 +239,6 @@ def planned_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSta
     yield from _started(stack_options(catalog, pods=3))
 
 
-def epp_gauge(stack: LocalStack, family: str, **labels: str) -> float:
-    url = f"http://127.0.0.1:{stack.epp_metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for metrics in text_string_to_metric_families(text)
-        for sample in metrics.samples
-        if sample.name == family and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 def test_preload_planned_puts_an_adapter_on_its_planned_homes_ahead_of_requests(
     planned_stack: LocalStack,
 ) -> None:
@@ -262,7 +251,7 @@ def test_preload_planned_puts_an_adapter_on_its_planned_homes_ahead_of_requests(
     wait_until(
         lambda: all("plan-1" in registered_on(stack, p.name) for p in stack.pods), "plan-1 on every pod"
     )
-    preloaded = epp_gauge(stack, "inference_extension_adapter_owned", origin="preload")
-    on_demand = epp_gauge(stack, "inference_extension_adapter_owned", origin="demand")
+    preloaded = epp_metric(stack, "inference_extension_adapter_owned", origin="preload")
+    on_demand = epp_metric(stack, "inference_extension_adapter_owned", origin="demand")
     assert preloaded >= 1 and preloaded + on_demand == 3
     assert not any("plan-2" in registered_on(stack, p.name) for p in stack.pods)

@@ -12,17 +12,16 @@ there the key comes back through the request header the log records.
 from __future__ import annotations
 
 import dataclasses
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from epp.tools.envoy.config import DESTINATION_HEADER, EPP_CLUSTER
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, _started, completion
 from tests.support import gateway_access_log
+from tests.support.epp_metrics import epp_metric
 from tests.support.waiting import wait_until
 from tests.unit.test_manifests_gateway_access_log import GATEWAYS, istio_mesh_config, stack_objects
 
@@ -83,16 +82,7 @@ def gateway_stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
 
 def finished_by(stack: LocalStack, source: str) -> float:
     """inference_extension_request_finished_total{source=...} of the stack's EPP."""
-    url = f"http://127.0.0.1:{stack.epp_metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "inference_extension_request_finished_total"
-        and sample.labels.get("source") == source
-    )
+    return epp_metric(stack, "inference_extension_request_finished_total", source=source)
 
 
 def _finished(stack: LocalStack) -> dict[str, float]:
