@@ -52,10 +52,9 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 
 @dataclass(slots=True)
 class StreamCounts:
-    """What the ext_proc streams cost, counted since start: streams, the messages Envoy sent and the
-    replies, and how each stream ended for the EPP (`StreamHandler.ending`)."""
+    """What the ext_proc streams cost, counted since start: the messages Envoy sent and the replies,
+    and how each stream ended for the EPP (`StreamHandler.ending`)."""
 
-    streams: int = 0
     received: int = 0
     sent: int = 0
     endings: dict[str, int] = field(default_factory=dict)
@@ -129,7 +128,6 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         """Each reply, and whether it is the stream's last (the EPP ends the stream after it)."""
         handler = StreamHandler(self._options, peer=context.peer())
         counts = self.counts
-        counts.streams += 1
         try:
             async for message in _decoded(request_iterator, context):
                 counts.received += 1
