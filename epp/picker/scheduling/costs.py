@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class Tier(enum.Enum):
@@ -87,21 +87,8 @@ class PodCosts:
         return costs
 
     def copy(self) -> PodCosts:
-        return PodCosts(
-            self.priors,
-            self.host_load_s,
-            self.storage_load_s,
-            0,
-            0,
-            0,
-            self._w,
-            self._x,
-            self._y,
-            self._xx,
-            self._xy,
-            self.hit_s,
-            self.per_load_s,
-        )
+        """The same estimates with no observations of its own (a new pod starting from the pool's)."""
+        return replace(self, hits=0, host_loads=0, storage_loads=0)
 
     def hit_at(self, load: float) -> float:
         return self.hit_s + self.per_load_s * load
