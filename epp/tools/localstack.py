@@ -8,6 +8,7 @@ readiness is checked over the wire (sim `/health`, EPP gRPC health, Envoy `/read
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import pathlib
@@ -112,6 +113,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are chosen, so the kernel
+    cannot hand the same port out twice (separate `free_port` calls can)."""
+    with contextlib.ExitStack() as held:
+        sockets = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _port_is_free(host: str, port: int) -> bool:
@@ -335,7 +348,16 @@ class LocalStack:
                 self.start_sidecar(pod.name)
         self.pool_file.write_text(self.pool_file_text())
         slots = max(1, opts.epp_slots, opts.epp_replicas)
-        self._slots = [EppSlot(free_port(), free_port(), free_port(), free_port()) for _ in range(slots)]
+        ports = free_ports(4 * slots)  # every replica's four ports, none shared
+        self._slots = [
+            EppSlot(
+                grpc_port=ports[i],
+                health_port=ports[i + 1],
+                metrics_port=ports[i + 2],
+                peer_port=ports[i + 3],
+            )
+            for i in range(0, 4 * slots, 4)
+        ]
         serving = self._slots[: max(1, opts.epp_replicas)]
         if opts.routing is RoutingMode.EPP and opts.start_epp:
             for slot in serving:
