@@ -1,7 +1,7 @@
 """The example inference-perf config against a gateway on loopback, EPP routing vs round-robin.
 
 Run:  .venv/bin/python -m benchmarks.inference_perf.local [--rate 8] [--duration 30] [--pods 3]
-      [--max-cpu-loras 4] [--routing epp,round-robin] [--venv .venv-inference-perf]
+      [--max-cpu-loras 4] [--routing epp,round-robin] [--epp-config FILE] [--venv .venv-inference-perf]
 
 `lora-mix.yaml` beside this file is written for a cluster's gateway. This runs the same file,
 once per routing mode, against `epp.tools.localstack` (real Envoy and `epp serve` in front of
@@ -46,7 +46,11 @@ ROUTING = [mode.value for mode in RoutingMode]  # epp, round-robin
 
 
 def stack_options(
-    pods: int, routing: RoutingMode = RoutingMode.EPP, *, max_cpu_loras: int = 4
+    pods: int,
+    routing: RoutingMode = RoutingMode.EPP,
+    *,
+    max_cpu_loras: int = 4,
+    epp_config: pathlib.Path | None = None,
 ) -> StackOptions:
     """Sims as `manifests/sim/deployment.yaml` runs them in the kind pool, every adapter registered.
 
@@ -61,7 +65,8 @@ def stack_options(
         max_num_seqs=16,
         lora_load_latency_s=0.2,
     )
-    return StackOptions(pods=pods, sim=sim, routing=routing)
+    serve_args = ("--config-file", str(epp_config)) if epp_config is not None else ()
+    return StackOptions(pods=pods, sim=sim, routing=routing, extra_serve_args=serve_args)
 
 
 def build_tokenizer(venv: pathlib.Path, out: pathlib.Path, *, timeout_s: float = 120.0) -> None:
@@ -179,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="adapters each pod keeps in host memory (default 4, as kind)",
     )
     parser.add_argument("--routing", default="epp,round-robin", help="epp, round-robin or both (default)")
+    parser.add_argument(
+        "--epp-config",
+        type=pathlib.Path,
+        default=None,
+        help="an EndpointPickerConfig for the EPP (`epp serve --config-file`; default: its `default` policy)",
+    )
     parser.add_argument("--venv", type=pathlib.Path, default=DEFAULT_VENV, help="inference-perf's virtualenv")
     args = parser.parse_args(argv)
     modes = [part.strip() for part in args.routing.split(",") if part.strip()]
@@ -198,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mode in modes:
             reports = work / f"reports-{mode}"
             with LocalStack(
-                stack_options(args.pods, RoutingMode(mode), max_cpu_loras=args.max_cpu_loras)
+                stack_options(
+                    args.pods, RoutingMode(mode), max_cpu_loras=args.max_cpu_loras, epp_config=args.epp_config
+                )
             ) as stack:
                 config = loopback_config(
                     stack.gateway_url, work / "tokenizer", reports, rate=args.rate, duration_s=args.duration

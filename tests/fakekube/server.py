@@ -155,6 +155,8 @@ class FakeKube:
         self._watchers: list[_Watcher] = []
         self.calls: list[ApiCall] = []
         self._unavailable = False
+        self.refused = 0  # requests answered 503 while unavailable
+        self.bookmarks_sent = 0  # BOOKMARK events written to a watch stream
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -475,6 +477,8 @@ class FakeKube:
         with self._lock:
             unavailable = self._unavailable
         if unavailable:
+            with self._lock:
+                self.refused += 1
             return _error(503, "ServiceUnavailable", "the API server is unavailable")
         response: web.StreamResponse = await handler(request)
         return response
@@ -640,6 +644,9 @@ class FakeKube:
                 if event["type"] == "BOOKMARK" and not bookmarks:
                     continue
                 await response.write(json.dumps(event).encode() + b"\n")
+                if event["type"] == "BOOKMARK":
+                    with self._lock:
+                        self.bookmarks_sent += 1
                 if event["type"] == "ERROR":
                     return response
             await response.write_eof()

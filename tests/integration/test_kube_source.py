@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -182,8 +183,11 @@ async def test_bookmarks_advance_the_resource_version(kube: KubeEnv) -> None:
     kube.put(pod(kube, "a", "10.0.0.1"))
     async with running(kube) as (datastore, _):
         await eventually(lambda: fake.open_watches >= 4, "watches open", within_s=5.0)
+        watches = fake.open_watches
         bookmark_rv = fake.bookmark()
-        await asyncio.sleep(0.2)  # the bookmark reaches the watchers
+        await eventually(
+            lambda: fake.bookmarks_sent >= watches, "the bookmark reaches the watchers", within_s=5.0
+        )
         fake.compact()  # history before the bookmark is gone; a watch from an older RV would 410
         list_calls_before = sum(1 for call in fake.calls if call.verb == "list")
         fake.drop_watches()
@@ -207,8 +211,10 @@ async def test_model_name_conflict_writes_accepted_and_model_name_in_use(kube: K
         "message": "",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
-    kube.put(model(kube, "older", "llama") | {"status": {"conditions": [pending]}})
-    await asyncio.sleep(1.1)  # creationTimestamp has one-second resolution
+    first = kube.put(model(kube, "older", "llama") | {"status": {"conditions": [pending]}})
+    created = first["metadata"]["creationTimestamp"]
+    # creationTimestamp has one-second resolution: the newer one must be created in a later second.
+    await eventually(lambda: _rfc3339_now() > created, "the next second", within_s=2.0)
     kube.put(model(kube, "newer", "llama"))
 
     def condition(name: str) -> dict[str, Any] | None:
@@ -230,7 +236,10 @@ async def test_model_name_conflict_writes_accepted_and_model_name_in_use(kube: K
         rv_before = (kube.get(MODEL_API, "InferenceModel", kube.namespace, "older") or {})["metadata"][
             "resourceVersion"
         ]
-        await asyncio.sleep(0.5)
+        # Another model's arrival makes the source write statuses again; once it has its own, that
+        # pass is over, and "older" must not have been written again.
+        kube.put(model(kube, "other", "mistral"))
+        await eventually(lambda: condition("other") is not None, "the next status pass", within_s=5.0)
         rv_after = (kube.get(MODEL_API, "InferenceModel", kube.namespace, "older") or {})["metadata"][
             "resourceVersion"
         ]
@@ -274,7 +283,8 @@ async def test_api_outage_keeps_routing_with_the_last_known_state(kube: KubeEnv)
     kube.put(pod(kube, "a", "10.0.0.1"))
     async with running(kube) as (datastore, _):
         fake.set_unavailable(True)
-        await asyncio.sleep(1.0)  # several failed re-watches with backoff
+        refused = fake.refused
+        await eventually(lambda: fake.refused >= refused + 3, "several failed re-watches", within_s=10.0)
         assert addresses(datastore) == {"10.0.0.1:8000"}
         fake.set_unavailable(False)
         kube.put(pod(kube, "b", "10.0.0.2"))
@@ -439,3 +449,8 @@ async def test_epp_serve_tracks_a_pod_becoming_ready(kube: KubeEnv) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await reader
     assert process.returncode == 0, lines[-5:]
+
+
+def _rfc3339_now() -> str:
+    """Now, at the API server's one-second resolution (creationTimestamp's format)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -162,6 +162,13 @@ class CostEstimator:
     def __post_init__(self) -> None:
         self.pool = PodCosts.from_priors(self.priors)
 
+    def start_from(self, priors: CostPriors) -> None:
+        """Replace the priors before anything was observed (a config's plugins are built in turn)."""
+        if self._pods or self._pending:
+            raise RuntimeError("priors can change only before the first request")
+        self.priors = priors
+        self.pool = PodCosts.from_priors(priors)
+
     def pod(self, endpoint: str) -> PodCosts:
         """`endpoint`'s estimates; a pod not seen yet reads the pool's."""
         return self._pods.get(endpoint) or self.pool

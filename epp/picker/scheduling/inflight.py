@@ -8,6 +8,7 @@ than `request_timeout_s` are dropped (a lost completion never leaks), and at mos
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -45,10 +46,15 @@ class InflightTracker:
         self.on_drop = on_drop
         self._by_endpoint: dict[str, dict[str, float]] = {}
         self._adapters: dict[str, dict[str, int]] = {}
+        self._adapter_totals: dict[str, int] = {}  # adapter -> in flight over every endpoint ("" excluded)
         self._versions: dict[str, int] = {}  # endpoint -> bumped on every add/remove there
         # endpoint -> (since_s, version, count): every decision asks each candidate for the count
         # since its last scrape, and between two scrapes only the pods routed to change.
         self._since: dict[str, tuple[float, int, int]] = {}
+        # endpoint -> when requests were routed there, oldest first, for the last `recent_horizon_s`
+        # (finished ones included): `routed_recently` counts from the newest end.
+        self._recent: dict[str, deque[float]] = {}
+        self.recent_horizon_s = 10.0
 
     def __len__(self) -> int:
         return len(self._by_request)
@@ -67,6 +73,15 @@ class InflightTracker:
         self._versions[endpoint] = self._versions.get(endpoint, 0) + 1
         per_adapter = self._adapters.setdefault(endpoint, {})
         per_adapter[adapter] = per_adapter.get(adapter, 0) + 1
+        if adapter:
+            self._adapter_totals[adapter] = self._adapter_totals.get(adapter, 0) + 1
+        recent = self._recent.get(endpoint)
+        if recent is None:
+            recent = self._recent[endpoint] = deque()
+        recent.append(now)
+        horizon = now - self.recent_horizon_s
+        while recent[0] < horizon:
+            recent.popleft()
 
     def get(self, request_id: str) -> Flight | None:
         return self._by_request.get(request_id)
@@ -82,6 +97,12 @@ class InflightTracker:
             requests.pop(request_id, None)
             if not requests:
                 del self._by_endpoint[entry.endpoint]
+        if entry.adapter:
+            total = self._adapter_totals.get(entry.adapter, 0) - 1
+            if total > 0:
+                self._adapter_totals[entry.adapter] = total
+            else:
+                self._adapter_totals.pop(entry.adapter, None)
         per_adapter = self._adapters.get(entry.endpoint)
         if per_adapter is not None:
             left = per_adapter.get(entry.adapter, 0) - 1
@@ -120,6 +141,19 @@ class InflightTracker:
             return 0
         return sum(1 for routed_at in requests.values() if routed_at >= since_s)
 
+    def routed_recently(self, endpoint: str, since_s: float) -> int:
+        """Requests routed to `endpoint` at `since_s` or later, finished or not (within the last
+        `recent_horizon_s`): O(the count). A peer's back-dated flight is counted where it arrived."""
+        recent = self._recent.get(endpoint)
+        if not recent:
+            return 0
+        n = 0
+        for routed_at in reversed(recent):
+            if routed_at < since_s:
+                break
+            n += 1
+        return n
+
     def version(self, endpoint: str) -> int:
         """Changes whenever a request is added to or removed from `endpoint` (for caches)."""
         return self._versions.get(endpoint, 0)
@@ -129,6 +163,12 @@ class InflightTracker:
         for endpoint in [e for e in self._versions if e not in keep and e not in self._by_endpoint]:
             del self._versions[endpoint]
             self._since.pop(endpoint, None)
+            self._recent.pop(endpoint, None)
+
+    @property
+    def adapters_in_flight(self) -> int:
+        """Distinct adapters with a request in flight anywhere (the base model not counted)."""
+        return len(self._adapter_totals)
 
     def adapter_count(self, endpoint: str, adapter: str) -> int:
         per_adapter = self._adapters.get(endpoint)

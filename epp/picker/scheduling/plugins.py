@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.errors import ConfigError
-from epp.picker.scheduling.costs import CostEstimator, CostPriors
+from epp.picker.scheduling.cost_learning import learned_costs
+from epp.picker.scheduling.costs import CostPriors
 from epp.picker.scheduling.filters import (
     DecodeFilter,
     HeaderBasedTestingFilter,
@@ -85,6 +86,7 @@ Factory = Callable[[str, Params, SchedulerState], Plugin]
 
 def _adapter_affinity(name: str, p: Params, state: SchedulerState) -> Plugin:
     defaults = AdapterAffinityScorer()
+    price = p.boolean("priceMisses", False)
     return AdapterAffinityScorer(
         name=name,
         active=p.number("activeScore", defaults.active, minimum=0, maximum=1),
@@ -101,12 +103,18 @@ def _adapter_affinity(name: str, p: Params, state: SchedulerState) -> Plugin:
         protect_ratio=p.number("protectRatio", defaults.protect_ratio, minimum=0),
         planned_home=p.number("plannedHomeScore", defaults.planned_home, minimum=0, maximum=1),
         planned_swap=p.number("plannedSwapScore", defaults.planned_swap, minimum=0, maximum=1),
+        state=state,
+        costs=learned_costs(state, _cost_priors(p)) if price else None,
+        pricing_slot_share=p.number("pricingSlotShare", defaults.pricing_slot_share, minimum=0)
+        if price
+        else defaults.pricing_slot_share,
     )
 
 
-def _predicted_ttft(name: str, p: Params, state: SchedulerState) -> Plugin:
+def _cost_priors(p: Params) -> CostPriors:
+    """Where a scheduler's learned costs start (read by every plugin that prices choices)."""
     d = CostPriors()
-    priors = CostPriors(
+    return CostPriors(
         hit_s=p.number("hitSeconds", d.hit_s, minimum=0),
         per_load_s=p.number("perRequestSeconds", d.per_load_s, minimum=0),
         host_load_s=p.number("hostLoadSeconds", d.host_load_s, minimum=0),
@@ -114,11 +122,12 @@ def _predicted_ttft(name: str, p: Params, state: SchedulerState) -> Plugin:
         weight=p.number("priorWeight", d.weight, minimum=1e-9),
         alpha=p.number("alpha", d.alpha, minimum=1e-6, maximum=0.999),
     )
-    return PredictedTtftScorer.attached(
-        state,
-        CostEstimator(priors),
-        name=name,
-        slot_wait_factor=p.number("slotWaitFactor", 1.0, minimum=0),
+
+
+def _predicted_ttft(name: str, p: Params, state: SchedulerState) -> Plugin:
+    estimator = learned_costs(state, _cost_priors(p))
+    return PredictedTtftScorer(
+        state, estimator, name=name, slot_wait_factor=p.number("slotWaitFactor", 1.0, minimum=0)
     )
 
 
@@ -140,10 +149,14 @@ def _prefix(name: str, p: Params, state: SchedulerState) -> Plugin:
 
 def _load(name: str, p: Params, state: SchedulerState) -> Plugin:
     defaults = LoadScorer()
+    prefill_weight = p.number("prefillWeight", defaults.prefill_weight, minimum=0)
     return LoadScorer(
         name=name,
         queue_scale=p.number("queueScale", defaults.queue_scale, minimum=1e-9),
         running_weight=p.number("runningWeight", defaults.running_weight, minimum=0),
+        prefill_weight=prefill_weight,
+        state=state,
+        costs=learned_costs(state, _cost_priors(p)) if prefill_weight > 0 else None,
     )
 
 

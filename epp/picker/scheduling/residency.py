@@ -71,6 +71,7 @@ class ResidencyModel:
         self._pods: dict[str, PodResidency] = {}
         self._homes: dict[str, set[str]] = {}
         self._sorted_homes: dict[str, tuple[str, ...]] = {}  # cache of sorted(_homes[a]), dropped on change
+        self.slot_total = 0  # GPU slots over every modelled pod
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -103,6 +104,7 @@ class ResidencyModel:
             gpu_slots = slots or self.params.default_max_lora
             pod = PodResidency(slots=gpu_slots, cpu_slots=self._cpu_slots(gpu_slots))
             self._pods[endpoint] = pod
+            self.slot_total += gpu_slots
         return pod
 
     def _cpu_slots(self, gpu_slots: int) -> int:
@@ -120,6 +122,7 @@ class ResidencyModel:
         if pod is None:
             pod = self._pod_for(state.name, slots)
         elif pod.slots != slots:
+            self.slot_total += slots - pod.slots
             pod.slots = slots
             pod.cpu_slots = self._cpu_slots(slots)
         if pod.last_scrape_at is not None:
@@ -208,7 +211,9 @@ class ResidencyModel:
         """Drop every pod not in `keep` (endpoints that left the pool)."""
         keep_set = set(keep)
         for endpoint in [e for e in self._pods if e not in keep_set]:
-            self._clear(endpoint, self._pods.pop(endpoint))
+            pod = self._pods.pop(endpoint)
+            self.slot_total -= pod.slots
+            self._clear(endpoint, pod)
 
     def _evictable(self, endpoint: str, pod: PodResidency, adapter: str) -> bool:
         return adapter not in pod.observed_active and self._inflight.adapter_count(endpoint, adapter) == 0

@@ -1,5 +1,5 @@
 """State a scheduler keeps between decisions: the routing ledger (in flight, residency, popularity),
-the placement plan, randomness.
+the placement plan, the learned costs, randomness.
 
 One `SchedulerState` per scheduler; every plugin of that scheduler shares it. All of it
 is bounded (see each part) and advanced only by the caller's `now`.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from epp.picker.scheduling.costs import CostEstimator
 from epp.picker.scheduling.inflight import InflightTracker
 from epp.picker.scheduling.ledger import RoutingLedger
 from epp.picker.scheduling.plan import HomePlan
@@ -31,6 +32,9 @@ class SchedulerState:
     # The pool's endpoint names as of the last snapshot, one tuple until the pool changes: the
     # placement plan ranks pods over the pool, not over one request's (filtered, sampled) candidates.
     pool: tuple[str, ...] = ()
+    # What each choice costs per pod, learned from this scheduler's own requests; None until a
+    # plugin that prices choices asks for it (`cost_learning.learned_costs`).
+    costs: CostEstimator | None = None
 
     def __post_init__(self) -> None:
         self.residency = ResidencyModel(self.inflight)

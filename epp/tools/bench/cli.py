@@ -61,6 +61,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="active-active replicas exchange what they route every 100ms, as `epp serve --peers` does; "
         "false: each knows only its own routing and the scrapes",
     )
+    parser.add_argument(
+        "--epp-latency",
+        type=parse_duration,
+        default=None,
+        help="time the EPP's path adds before each request reaches its pod (e.g. 10ms; default: the "
+        "scenario's epp_latency_s, else 0), charged to every policy but round-robin and random",
+    )
     add_bool_flag(parser, "--replica-search", default=True, help="search the fewest replicas meeting the SLO")
     parser.add_argument(
         "--search-duration",
@@ -118,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             trace=args.trace,
             seed=args.seed,
             scrape_interval_s=args.scrape_interval,
+            epp_latency_s=args.epp_latency,
         )
         if args.search_duration <= 0:
             raise ConfigError("--search-duration must be positive")

@@ -38,6 +38,9 @@ _STEP_END = 0
 _SCRAPE = 1
 _PEER_BATCH = 2
 _QUEUE_TICK = 3  # flow control's timer, as `epp serve`'s (PUMP_INTERVAL_S)
+_DELIVER = 4  # a dispatched request reaches its pod after the EPP's path (`Fleet.epp_latency_s`)
+# The gateway's own load balancing, with no EPP on the path: they pay no EPP latency.
+GATEWAY_POLICIES = frozenset({"round-robin", "random"})
 POD_PORT = 8000
 NAMESPACE = "bench"
 POD_LABELS = {"app": "vllm"}
@@ -61,6 +64,8 @@ class Fleet:
     flow_control: bool = True
     # The pool's InferenceObjectives: the priorities requests select by header.
     objectives: tuple[InferenceObjective, ...] = ()
+    # Added between a request's dispatch and its pod for policies an EPP runs (`Scenario.epp_latency_s`).
+    epp_latency_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +123,12 @@ class _Epp:
 class _Run:
     """One simulated run's moving parts: the pods, their events and the EPP replicas in front of them."""
 
-    def __init__(self, fleet: Fleet, epps: list[_Epp], clock: FakeClock) -> None:
+    def __init__(
+        self, fleet: Fleet, epps: list[_Epp], clock: FakeClock, *, epp_latency_s: float = 0.0
+    ) -> None:
         self.fleet = fleet
+        self.epp_latency_s = epp_latency_s
+        self._delivering: dict[int, tuple[SimRequest, int]] = {}  # event order -> (request, pod index)
         self.epps = epps
         self.clock = clock
         # Pods are named after the endpoints the datastore made of them, as scrapes are keyed.
@@ -197,9 +206,16 @@ class _Run:
         request.adapter = "" if target == self.fleet.config.served_model_name else target
         request.dispatched_s = self.clock.now()
         pod_index = self.index_by_name[decision.primary.name]
+        self.in_flight[request.index] = life
+        if self.epp_latency_s > 0:
+            self._delivering[self.order] = (request, pod_index)
+            self._push(self.clock.now() + self.epp_latency_s, _DELIVER, pod_index)
+        else:
+            self._deliver(request, pod_index)
+
+    def _deliver(self, request: SimRequest, pod_index: int) -> None:
         pod = self.pods[pod_index]
         pod.enqueue(request)
-        self.in_flight[request.index] = life
         if not pod.busy and pod_index != self._ending:
             self.start_step(pod_index, self.clock.now())
 
@@ -216,9 +232,11 @@ class _Run:
 
     def next_event(self) -> None:
         """Handle the earliest step end or scrape."""
-        now, _, kind, i, replica = heapq.heappop(self.events)
+        now, order, kind, i, replica = heapq.heappop(self.events)
         self._advance(now)
-        if kind == _STEP_END:
+        if kind == _DELIVER:
+            self._deliver(*self._delivering.pop(order))
+        elif kind == _STEP_END:
             self.steps += 1
             self._ending = i  # requests dispatched as these finish wait for its next step, begun below
             for done in self.pods[i].end_step(now):
@@ -304,7 +322,8 @@ def simulate(
             keys=KeyMint(f"epp-{r}"),
         )
         epps.append(_Epp(datastore, director, peers))
-    run = _Run(fleet, epps, clock)
+    latency = 0.0 if policy in GATEWAY_POLICIES else fleet.epp_latency_s
+    run = _Run(fleet, epps, clock, epp_latency_s=latency)
     arrivals_end = requests[-1].arrival_s if requests else 0.0
     stop_at = arrivals_end + drain_limit_s
     report_every = max(1, len(requests) // 200)

@@ -251,6 +251,7 @@ def fleet_for(scenario: Scenario, replicas: int | None = None) -> Fleet:
         models=inference_models(scenario),
         epp_replicas=scenario.epp_replicas,
         epp_peers=scenario.epp_peers,
+        epp_latency_s=scenario.epp_latency_s,
         objectives=inference_objectives(scenario),
     )
 

@@ -40,6 +40,7 @@ _TOP_KEYS = {
     "splits",
     "epp_replicas",
     "epp_peers",
+    "epp_latency_s",
     "tenants",
     "flood",
     "priorities",
@@ -73,6 +74,10 @@ class Scenario:
     splits: Splits = ()  # InferenceModels with weighted targets (canaries, A/B), resolved by the Director
     epp_replicas: int = 1  # active-active EPPs behind the gateway, each with its own state
     epp_peers: bool = True  # with several: they exchange what they route (`epp serve --peers`)
+    # What the EPP's path adds before a request reaches its pod (the gateway's ext_proc round trip
+    # and the decision), charged to the policies an EPP runs; round robin and random are the
+    # gateway's own load balancing and pay nothing.
+    epp_latency_s: float = 0.0
 
     def with_overrides(
         self,
@@ -87,6 +92,7 @@ class Scenario:
         scrape_interval_s: float | None = None,
         epp_replicas: int | None = None,
         epp_peers: bool | None = None,
+        epp_latency_s: float | None = None,
     ) -> Scenario:
         """A copy with command-line overrides applied."""
         spec = self.workload
@@ -118,6 +124,8 @@ class Scenario:
             except ValueError as exc:
                 raise ConfigError(f"with these overrides, {exc}") from exc
         config = self.pod_config
+        if config.lora_modules and spec.adapters != self.workload.adapters:
+            config = dataclasses.replace(config, lora_modules=spec.adapters)  # `lora_modules: all` follows
         if max_loras is not None:
             if max_loras < 1:
                 raise ConfigError("--max-loras must be at least 1")
@@ -128,6 +136,8 @@ class Scenario:
             raise ConfigError("--replicas must be at least 1")
         if epp_replicas is not None and epp_replicas < 1:
             raise ConfigError("--epp-replicas must be at least 1")
+        if epp_latency_s is not None and epp_latency_s < 0:
+            raise ConfigError("--epp-latency must not be negative")
         warmup = self.warmup_s if duration_s is None else min(self.warmup_s, spec.duration_s / 10)
         return dataclasses.replace(
             self,
@@ -139,6 +149,7 @@ class Scenario:
             scrape_interval_s=scrape_interval_s if scrape_interval_s is not None else self.scrape_interval_s,
             epp_replicas=epp_replicas if epp_replicas is not None else self.epp_replicas,
             epp_peers=epp_peers if epp_peers is not None else self.epp_peers,
+            epp_latency_s=epp_latency_s if epp_latency_s is not None else self.epp_latency_s,
         )
 
     def _is_uniform(self) -> bool:
@@ -193,6 +204,16 @@ def _range(value: Any, name: str) -> tuple[int, int]:
     return low, high
 
 
+def _lora_modules(value: Any, adapters: tuple[str, ...]) -> tuple[str, ...]:
+    """`pods.lora_modules`: `all` registers every adapter at start, as `--lora-modules` does for the
+    sims of a live run; absent, pods start with none and read each adapter from storage on first use."""
+    if value is None:
+        return ()
+    if value != "all":
+        raise ValueError("pods.lora_modules must be `all` (every adapter registered at start) or absent")
+    return adapters
+
+
 def parse(document: Mapping[str, Any]) -> Scenario:
     """Build a Scenario from a parsed YAML mapping (see the packaged files for every key)."""
     unknown = set(document) - _TOP_KEYS
@@ -202,7 +223,9 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     if model not in PROFILES:
         raise ValueError(f"unknown model profile {model!r} (known: {', '.join(PROFILES)})")
     pods = _section(
-        document, "pods", {"replicas", "max_loras", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens"}
+        document,
+        "pods",
+        {"replicas", "max_loras", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens", "lora_modules"},
     )
     adapters = _section(
         document,
@@ -266,6 +289,7 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         priorities=_priorities(document.get("priorities")),
     )
     spec = dataclasses.replace(spec, flood=_flood(document.get("flood"), spec))
+    config = dataclasses.replace(config, lora_modules=_lora_modules(pods.get("lora_modules"), spec.adapters))
     if spec.diurnal is not None and spec.trace is not None:
         raise ValueError("arrivals.diurnal shapes generated arrivals; a trace brings its own")
     if spec.rate_rps <= 0 or spec.arrival_cv <= 0 or spec.trace_time_scale <= 0:
@@ -286,6 +310,9 @@ def parse(document: Mapping[str, Any]) -> Scenario:
     epp_peers = document.get("epp_peers", True)
     if not isinstance(epp_peers, bool):
         raise ValueError("epp_peers must be true or false")
+    epp_latency_s = float(document.get("epp_latency_s", 0.0))
+    if epp_latency_s < 0:
+        raise ValueError("epp_latency_s must not be negative")
     if splits and deployment == "dedicated":
         raise ValueError("splits need deployment: shared (a dedicated deployment serves one adapter)")
     return Scenario(
@@ -307,6 +334,7 @@ def parse(document: Mapping[str, Any]) -> Scenario:
         splits=splits,
         epp_replicas=epp_replicas,
         epp_peers=epp_peers,
+        epp_latency_s=epp_latency_s,
     )
 
 

@@ -49,6 +49,9 @@ class PodConfig:
     max_cpu_loras: int = 8  # --max-cpu-loras: host-RAM tier (vLLM defaults it to max_loras)
     max_num_seqs: int = 256  # --max-num-seqs (vLLM V1 default on GPUs)
     max_num_batched_tokens: int = 8192  # --max-num-batched-tokens: token budget per step (chunked prefill)
+    # --lora-modules: adapters registered at start, each read into host memory and given a GPU
+    # slot in turn (so the last max_loras hold the slots).
+    lora_modules: tuple[str, ...] = ()
     served_model_name: str = "base"
 
 
@@ -85,6 +88,8 @@ class VllmPod:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.block_size = block_size
         self.lora = LoraSlots(config.max_loras, config.max_cpu_loras)
+        for adapter in config.lora_modules:
+            self.lora.register(adapter, ())
         self.prefix_cache = PrefixCache()
         # Waiting requests, held twice so admission never rescans skipped ones: in the order they
         # reached this pod (a heap on their arrival number here, entries dropped lazily once

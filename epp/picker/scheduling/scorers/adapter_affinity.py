@@ -22,6 +22,17 @@ much less instead, so a resident home keeps its margin over any free slot), and 
 `plannedSwapScore` (0.01) more, a tie-break only. So EPP replicas, or one EPP after a
 restart, put an adapter on the same pods instead of wherever load ties fall.
 
+Misses priced (`priceMisses`, on by default): a free slot's or a swap's margin below an active
+home is multiplied by what loading the adapter there costs over a hit's TTFT on that pod, both
+learned from the EPP's own requests (`scheduling.costs`; a host-memory copy when the residency
+view has the adapter in that pod's host tier, a storage read otherwise). Where a load takes a hit's
+TTFT or longer (storage, or any load on a GPU) nothing changes; where it is a copy from host memory
+of a tenth of one the margin is a tenth, and load decides: an adapter follows the free capacity
+instead of queueing behind its own home. Only while the pool has slots to spare (the adapters with
+requests in flight fill at most `pricingSlotShare`, 0.75, of the GPU slots the residency view
+knows): beyond that a load takes a slot another adapter will wait for, which the copy's price
+does not say, and the fixed scores hold.
+
 Starvation guard: on a pod where a request has waited `drainAfterSeconds` (1) for a LoRA
 slot (the scrape reports deferred requests, or we sent more busy adapters than it has
 slots), the slot holder with the fewest requests in flight is drained: as a home it
@@ -34,13 +45,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.picker.datastore.types import EndpointState
+from epp.picker.scheduling.cost_learning import note_routed
+from epp.picker.scheduling.costs import CostEstimator
 from epp.picker.scheduling.framework import ScheduleContext, is_base_model
 from epp.picker.scheduling.residency import PodResidency
 from epp.picker.scheduling.scorers.load_signals import effective_loads
 from epp.picker.scheduling.state import SchedulerState
+from epp.picker.scheduling.types import LLMRequest
+
+# The reasons that load the adapter on the pod, whose margin below a home is priced.
+_MISSES = frozenset({"free-slot", "planned-free-slot", "evict", "planned-evict"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +78,9 @@ class AdapterAffinityScorer:
     protect_ratio: float = 2.0  # a sole home is protected from adapters this many times colder
     planned_home: float = 0.1  # a planned home's free slot over the others (while widening: off the others)
     planned_swap: float = 0.01  # added to a swap there: a tie-break, the victim's coldness still rules
+    state: SchedulerState | None = field(default=None, repr=False)  # needed with `costs`
+    costs: CostEstimator | None = None  # learned per-pod costs: misses priced (None: fixed scores)
+    pricing_slot_share: float = 0.75  # price misses only while busy adapters fill at most this share of slots
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
         reasons = ctx.reasons
@@ -72,11 +92,44 @@ class AdapterAffinityScorer:
         ctx.planned_homes = ctx.state.plan.ranked_homes(placement.adapter)
         out: list[float] = []
         append = out.append
+        costs = self.costs
+        if costs is not None and not self._slots_to_spare(ctx.state):
+            costs = None
         for i, e in enumerate(endpoints):
             value, reason = self._score_pod(ctx.state, placement, e, placement.loads[i])
+            if costs is not None and reason in _MISSES:
+                value = self._priced(ctx.state, costs, placement.adapter, e.endpoint.name, value)
             append(value)
             reasons[e.endpoint.name] = reason
         return out
+
+    def _slots_to_spare(self, state: SchedulerState) -> bool:
+        """Whether the pool has GPU slots beyond the adapters in flight: when those fill them, a load
+        takes a slot some other adapter will wait for, and that wait, not the copy, is its price."""
+        return state.inflight.adapters_in_flight <= self.pricing_slot_share * state.residency.slot_total
+
+    def _priced(
+        self, state: SchedulerState, costs: CostEstimator, adapter: str, name: str, value: float
+    ) -> float:
+        """A miss's margin below a home, scaled by what a miss costs on that pod over a hit's TTFT
+        there: kept whole where a load takes as long as a hit or longer, shrunk where it is a copy
+        from host memory that takes a fraction of one."""
+        pod_costs = costs.pod(name)
+        pod = state.residency.pods.get(name)
+        price = pod_costs.host_load_s if pod is not None and adapter in pod.cpu else pod_costs.storage_load_s
+        hit = pod_costs.hit_s
+        if hit <= 0 or price >= hit:
+            return value
+        return self.active - (self.active - value) * (price / hit)
+
+    def on_routed(self, request: LLMRequest, endpoint: EndpointState, now: float) -> None:
+        """With learned costs: note the pick, so its outcome prices this pod's misses."""
+        if self.costs is not None and self.state is not None:
+            note_routed(self.state, self.costs, request, endpoint)
+
+    def forget(self, names: list[str]) -> None:
+        if self.costs is not None:
+            self.costs.forget(names)
 
     def _placement(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> _Placement:
         """The per-request facts every pod's score shares, computed once per decision."""

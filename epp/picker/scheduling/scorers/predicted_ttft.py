@@ -12,7 +12,8 @@ adapters with requests in flight adds `slotWaitFactor` × its hit TTFT: the requ
 for a slot to turn over.
 
 As a `RoutingObserver` it notes, for each pick, the pod's load and where the adapter stood; the
-routing ledger hands it each request's time to first byte as the request ends.
+routing ledger hands the scheduler's estimator (`cost_learning`) each request's time to first byte
+as the request ends.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epp.picker.datastore.types import EndpointState
-from epp.picker.scheduling.costs import CostEstimator, Tier
+from epp.picker.scheduling.cost_learning import note_routed
+from epp.picker.scheduling.costs import CostEstimator
 from epp.picker.scheduling.framework import ScheduleContext, is_base_model
-from epp.picker.scheduling.inflight import Flight
 from epp.picker.scheduling.scorers.load_signals import effective_loads
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest
@@ -35,26 +36,6 @@ class PredictedTtftScorer:
     estimator: CostEstimator
     name: str = "predicted-ttft-scorer"
     slot_wait_factor: float = 1.0
-
-    @classmethod
-    def attached(
-        cls,
-        state: SchedulerState,
-        estimator: CostEstimator | None = None,
-        *,
-        name: str = "predicted-ttft-scorer",
-        slot_wait_factor: float = 1.0,
-    ) -> PredictedTtftScorer:
-        """A scorer whose estimator hears, through `state`'s routing ledger, each own request's
-        time to first byte as it ends."""
-        chosen = estimator if estimator is not None else CostEstimator()
-
-        def on_outcome(flight: Flight, ttft_s: float | None, now: float) -> None:
-            if flight.origin == "":
-                chosen.finished(flight.key, flight.endpoint, ttft_s)
-
-        state.ledger.listen_outcomes(on_outcome)
-        return cls(state, chosen, name=name, slot_wait_factor=slot_wait_factor)
 
     def score(self, ctx: ScheduleContext, endpoints: Sequence[EndpointState]) -> list[float]:
         loads = effective_loads(ctx, endpoints)
@@ -88,34 +69,7 @@ class PredictedTtftScorer:
         return [best / p if p > 0 else 1.0 for p in predicted]
 
     def on_routed(self, request: LLMRequest, endpoint: EndpointState, now: float) -> None:
-        """Note what this request's observation needs (the ledger has not counted it yet)."""
-        state = self.state
-        name = endpoint.endpoint.name
-        base = is_base_model(request, state, (endpoint,))
-        tier = Tier.HIT if base else tier_of(state, name, request.target_model)
-        self.estimator.routed(request.request_id, name, tier, _load(state, endpoint))
+        note_routed(self.state, self.estimator, request, endpoint)
 
     def forget(self, names: list[str]) -> None:
         self.estimator.forget(names)
-
-
-def tier_of(state: SchedulerState, endpoint: str, adapter: str) -> Tier:
-    """Where `adapter` stands on `endpoint` by the residency view and the in-flight counts."""
-    pod = state.residency.pods.get(endpoint)
-    if pod is not None:
-        if adapter in pod.gpu or adapter in pod.observed_active:
-            return Tier.HIT
-        if adapter in pod.cpu:
-            return Tier.HOST
-    elif state.inflight.adapter_count(endpoint, adapter) > 0:
-        return Tier.HIT
-    return Tier.STORAGE
-
-
-def _load(state: SchedulerState, endpoint: EndpointState) -> float:
-    m = endpoint.metrics
-    inflight = state.inflight
-    if m is None:
-        return float(inflight.count(endpoint.endpoint.name))
-    since = inflight.routed_since(endpoint.endpoint.name, m.updated_at)
-    return float(m.waiting_requests + m.running_requests + since)
