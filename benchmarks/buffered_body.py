@@ -28,7 +28,7 @@ import statistics
 import threading
 import time
 
-from epp.tools.envoy.config import BodyMode
+from epp.picker.extproc.stream import BodyMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 
 

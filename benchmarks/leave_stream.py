@@ -23,7 +23,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.tools.envoy.config import BodyMode
+from epp.picker.extproc.stream import BodyMode
 from epp.tools.envoy.profiles import PROFILES, Gateway, apply_profile
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 

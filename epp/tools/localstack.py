@@ -32,10 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp import tls
 from epp.clock import Clock, SystemClock
 from epp.picker.datastore.types import FailureMode
+from epp.picker.extproc.stream import BodyMode
 from epp.picker.peers import peer_identity
 from epp.tools.envoy.config import (
     EPP_CLUSTER,
-    BodyMode,
     EnvoyOptions,
     EppEndpoint,
     HostPort,

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from epp.tools.envoy.config import BodyMode, RoutingMode
+from epp.picker.extproc.stream import BodyMode
+from epp.tools.envoy.config import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 
 ADAPTERS = ("adapter-0", "adapter-1", "adapter-2", "adapter-3")

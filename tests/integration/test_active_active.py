@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import BodyMode
+from epp.picker.extproc.stream import BodyMode
 from epp.tools.localstack import EppSlot, LocalStack, StackOptions
 from tests.integration.conftest import SIM, _started, models_yaml
 from tests.integration.traffic import OpenLoad, Result

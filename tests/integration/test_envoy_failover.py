@@ -13,7 +13,7 @@ import pytest
 
 from epp.picker.datastore.types import FailureMode
 from epp.picker.scheduling.policies import DEFAULT_CONFIG
-from epp.tools.envoy.config import BodyMode, EnvoyOptions
+from epp.tools.envoy.config import BODY_MODES, EnvoyOptions
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad
@@ -47,11 +47,11 @@ def test_a_dead_pod_is_retried_around_then_no_longer_picked(own_stack: LocalStac
 
 
 FAIL_OPEN = [
-    dataclasses.replace(EPP_STACK, failure_mode=FailureMode.FAIL_OPEN, body_mode=mode) for mode in BodyMode
+    dataclasses.replace(EPP_STACK, failure_mode=FailureMode.FAIL_OPEN, body_mode=mode) for mode in BODY_MODES
 ]
 
 
-@pytest.mark.parametrize("own_stack", FAIL_OPEN, indirect=True, ids=[m.value for m in BodyMode])
+@pytest.mark.parametrize("own_stack", FAIL_OPEN, indirect=True, ids=[m.value for m in BODY_MODES])
 def test_fail_open_serves_when_the_epp_is_down(own_stack: LocalStack) -> None:
     assert completion(own_stack, ADAPTERS[0]).status == 200
     faults.stop_epp(own_stack)
@@ -64,10 +64,10 @@ def test_fail_open_serves_when_the_epp_is_down(own_stack: LocalStack) -> None:
     assert completion(own_stack, ADAPTERS[0]).status == 200
 
 
-FAIL_CLOSE = [dataclasses.replace(EPP_STACK, body_mode=mode) for mode in BodyMode]
+FAIL_CLOSE = [dataclasses.replace(EPP_STACK, body_mode=mode) for mode in BODY_MODES]
 
 
-@pytest.mark.parametrize("own_stack", FAIL_CLOSE, indirect=True, ids=[m.value for m in BodyMode])
+@pytest.mark.parametrize("own_stack", FAIL_CLOSE, indirect=True, ids=[m.value for m in BODY_MODES])
 def test_fail_close_refuses_when_the_epp_is_down(own_stack: LocalStack) -> None:
     assert completion(own_stack, ADAPTERS[0]).status == 200
     faults.stop_epp(own_stack)

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from epp.tools.envoy.config import BodyMode, EnvoyOptions
+from epp.picker.extproc.stream import BodyMode
+from epp.tools.envoy.config import EnvoyOptions
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK
 

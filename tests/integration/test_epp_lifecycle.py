@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import BodyMode
+from epp.tools.envoy.config import BODY_MODES
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad, Result, streams_through_an_epp_kill
@@ -39,7 +39,7 @@ STREAM_TOKENS = 150  # 1.5 s of streaming at 10 ms a token
 
 KILL_MID_STREAM = [
     dataclasses.replace(EPP_STACK, failure_mode=mode, body_mode=body, sim=SLOW_TOKENS)
-    for mode, body in itertools.product(FailureMode, BodyMode)
+    for mode, body in itertools.product(FailureMode, BODY_MODES)
 ]
 
 

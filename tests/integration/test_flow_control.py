@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.tools.envoy.config import BodyMode
+from epp.picker.extproc.stream import BodyMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.integration.conftest import _started, models_yaml
 from tests.integration.traffic import Result, completion_request

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from epp.tools.envoy.config import DESTINATION_HEADER, EPP_CLUSTER
+from epp.picker import wire
+from epp.tools.envoy.config import EPP_CLUSTER
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, _started, completion
 from tests.support import gateway_access_log
@@ -51,12 +52,14 @@ def _like_ai_gateway(bootstrap: dict[str, Any]) -> None:
     for host in hcm["route_config"]["virtual_hosts"]:
         for route in host["routes"]:
             if route["match"].pop("dynamic_metadata", None) is not None:
-                route["match"]["headers"] = [{"name": DESTINATION_HEADER, "present_match": True}]
+                route["match"]["headers"] = [
+                    {"name": wire.DESTINATION_ENDPOINT_HEADER, "present_match": True}
+                ]
     for cluster in bootstrap["static_resources"]["clusters"]:
         for policy in cluster.get("load_balancing_policy", {}).get("policies", []):
             config = policy["typed_extension_config"]["typed_config"]
             if "override_host_sources" in config:
-                config["override_host_sources"] = [{"header": DESTINATION_HEADER}]
+                config["override_host_sources"] = [{"header": wire.DESTINATION_ENDPOINT_HEADER}]
 
 
 def _hook(gateway: str) -> Callable[[dict[str, Any]], None]:

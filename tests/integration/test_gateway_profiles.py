@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import BodyMode
+from epp.picker.extproc.stream import BodyMode
 from epp.tools.envoy.profiles import PROFILES, Gateway, apply_profile
 from epp.tools.localstack import LocalStack, StackOptions
 from tests.integration.conftest import ADAPTERS, EPP_STACK

@@ -14,9 +14,10 @@ import sys
 from epp.cliutil import add_bool_flag, parse_duration
 from epp.errors import ConfigError
 from epp.picker.datastore.types import FailureMode
+from epp.picker.extproc.stream import BodyMode
 from epp.picker.sources.file import parse_pool_file
 from epp.tools.envoy.config import (
-    BodyMode,
+    BODY_MODES,
     EnvoyOptions,
     EppEndpoint,
     HostPort,
@@ -67,7 +68,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     defaults = EnvoyOptions()
     parser.add_argument(
         "--body-mode",
-        choices=[m.value for m in BodyMode],
+        choices=[m.value for m in BODY_MODES],
         default=defaults.body_mode.value,
         help="ext_proc request body mode (default BUFFERED: Envoy keeps the body while the EPP routes, "
         "so a request whose EPP dies mid-routing fails open; FULL_DUPLEX_STREAMED hands it over)",

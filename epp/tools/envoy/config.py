@@ -57,19 +57,9 @@ import yaml
 from epp.errors import ConfigError
 from epp.picker import wire
 from epp.picker.datastore.types import FailureMode
+from epp.picker.extproc.stream import BodyMode
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-LB_NAMESPACE = "envoy.lb"
-# Control headers only Envoy and the EPP may set; a client copy is removed before ext_proc.
-CLIENT_FORBIDDEN_HEADERS = (
-    DESTINATION_HEADER,
-    "x-gateway-destination-endpoint-fallback",
-    "x-gateway-destination-endpoint-served",
-    "x-gateway-destination-endpoint-subset",
-)
 EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-# The key the EPP puts beside its pick in `envoy.lb` metadata; its access-log entries carry it back.
-COMPLETION_KEY = "lora-epp-completion-key"
 ACCESS_LOG_NAME = "lora-epp"
 # Far above any real load: the limits exist to protect a proxy from a runaway client, not from us.
 CIRCUIT_BREAKER_LIMIT = 100_000
@@ -90,12 +80,9 @@ ROUND_ROBIN_CLUSTER = "pool_round_robin"
 
 _T = "type.googleapis.com/"
 
-
-class BodyMode(enum.Enum):
-    """How ext_proc sends the request body to the EPP."""
-
-    FULL_DUPLEX_STREAMED = "FULL_DUPLEX_STREAMED"
-    BUFFERED = "BUFFERED"
+# The request body modes a bootstrap may ask for, in the order they are offered. The EPP routes
+# on the body, so ext_proc must send it: the picker's headers-only NONE is not one of them.
+BODY_MODES = (BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED)
 
 
 class Upstream(enum.Enum):
@@ -366,7 +353,12 @@ def _override_host_cluster(options: EnvoyOptions) -> dict[str, Any]:
                         + "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
                         # Metadata only, never a header: a client cannot set dynamic metadata.
                         "override_host_sources": [
-                            {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}}
+                            {
+                                "metadata": {
+                                    "key": wire.LB_METADATA_NAMESPACE,
+                                    "path": [{"key": wire.DESTINATION_ENDPOINT_KEY}],
+                                }
+                            }
                         ],
                         "fallback_policy": {"policies": [round_robin]},
                     },
@@ -387,7 +379,10 @@ def _picked_cluster(options: EnvoyOptions) -> dict[str, Any]:
         # Metadata only, never a header: a client cannot set dynamic metadata.
         "original_dst_lb_config": {
             "use_http_header": False,
-            "metadata_key": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]},
+            "metadata_key": {
+                "key": wire.LB_METADATA_NAMESPACE,
+                "path": [{"key": wire.DESTINATION_ENDPOINT_KEY}],
+            },
         },
     }
 
@@ -433,7 +428,7 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "message_timeout": _duration(options.message_timeout_s),
             "max_message_timeout": _duration(options.max_message_timeout_s),
             "processing_mode": processing_mode,
-            "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+            "metadata_options": {"receiving_namespaces": {"untyped": [wire.LB_METADATA_NAMESPACE]}},
             # Re-route after every header mutation the EPP sends: in BUFFERED the pick comes on
             # the body reply, which carries no clear_route_cache of its own.
             "route_cache_action": "CLEAR",
@@ -446,7 +441,10 @@ def _strip_control_headers_filter() -> dict[str, Any]:
         "name": "envoy.filters.http.header_mutation",
         "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-            "mutations": {"request_mutations": [{"remove": name} for name in CLIENT_FORBIDDEN_HEADERS]},
+            # Sorted: the set has no order of its own, and a render must be the same every time.
+            "mutations": {
+                "request_mutations": [{"remove": name} for name in sorted(wire.STRIPPED_CLIENT_HEADERS)]
+            },
         },
     }
 
@@ -492,7 +490,11 @@ def _routes(options: EnvoyOptions) -> list[dict[str, Any]]:
     picked_match = {
         "prefix": "/",
         "dynamic_metadata": [
-            {"filter": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}], "value": {"present_match": True}}
+            {
+                "filter": wire.LB_METADATA_NAMESPACE,
+                "path": [{"key": wire.DESTINATION_ENDPOINT_KEY}],
+                "value": {"present_match": True},
+            }
         ],
     }
     picked_cluster = POOL_CLUSTER if options.upstream is Upstream.OVERRIDE_HOST else PICKED_CLUSTER
@@ -525,8 +527,8 @@ def _access_log(options: EnvoyOptions) -> dict[str, Any]:
         "filter": {
             "metadata_filter": {
                 "matcher": {
-                    "filter": LB_NAMESPACE,
-                    "path": [{"key": COMPLETION_KEY}],
+                    "filter": wire.LB_METADATA_NAMESPACE,
+                    "path": [{"key": wire.COMPLETION_KEY}],
                     "value": {"present_match": True},
                 },
                 "match_if_key_not_found": False,
@@ -592,6 +594,9 @@ def _http_filters(options: EnvoyOptions) -> list[dict[str, Any]]:
 
 def build_bootstrap(options: EnvoyOptions) -> dict[str, Any]:
     """The whole bootstrap as a dict; ConfigError when the options cannot work together."""
+    if options.body_mode not in BODY_MODES:
+        modes = " or ".join(mode.value for mode in BODY_MODES)
+        raise ConfigError(f"ext_proc must send the request body for the EPP to route it: {modes}")
     if not options.pool_endpoints:
         if options.mode is RoutingMode.ROUND_ROBIN:
             raise ConfigError(

@@ -27,7 +27,6 @@ import enum
 from typing import Any
 
 from epp.picker import wire
-from epp.tools.envoy.config import DESTINATION_HEADER
 
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 OVERRIDE_HOST_POLICY = "envoy.load_balancing_policies.override_host"
@@ -111,13 +110,13 @@ def _route_by_header(bootstrap: dict[str, Any]) -> None:
     if not policies:
         raise ValueError("a gateway that routes by header needs the override-host upstream")
     for policy in policies:
-        policy["override_host_sources"] = [{"header": DESTINATION_HEADER}]
+        policy["override_host_sources"] = [{"header": wire.DESTINATION_ENDPOINT_HEADER}]
     for manager in _connection_managers(bootstrap):
         for host in manager.get("route_config", {}).get("virtual_hosts", []):
             for route in host["routes"]:
                 match = route["match"]
                 if match.pop("dynamic_metadata", None) is not None:
-                    match["headers"] = [{"name": DESTINATION_HEADER, "present_match": True}]
+                    match["headers"] = [{"name": wire.DESTINATION_ENDPOINT_HEADER, "present_match": True}]
         for log in manager.get("access_log", []):
             log["filter"] = {
                 "header_filter": {"header": {"name": wire.COMPLETION_KEY_HEADER, "present_match": True}}

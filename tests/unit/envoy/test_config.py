@@ -11,15 +11,15 @@ import pytest
 import yaml
 
 from epp.errors import ConfigError
+from epp.picker import wire
 from epp.picker.datastore.types import FailureMode
+from epp.picker.extproc.stream import BodyMode
 from epp.tools.envoy.config import (
-    CLIENT_FORBIDDEN_HEADERS,
-    DESTINATION_HEADER,
+    BODY_MODES,
     FALLBACK_CLUSTER,
     PICKED_CLUSTER,
     POOL_CLUSTER,
     ROUND_ROBIN_CLUSTER,
-    BodyMode,
     EnvoyOptions,
     EppEndpoint,
     HostPort,
@@ -43,7 +43,7 @@ VARIANTS = [
         upstream=upstream,
     )
     for body, failure, tls, health, upstream in itertools.product(
-        BodyMode, FailureMode, (True, False), (9003, None), Upstream
+        BODY_MODES, FailureMode, (True, False), (9003, None), Upstream
     )
 ] + [
     EnvoyOptions(upstream=Upstream.ORIGINAL_DST),  # FailClose needs no pods with original-dst
@@ -126,8 +126,8 @@ def test_epp_pick_is_received_and_client_destination_headers_are_stripped_first(
         m["remove"]
         for m in _hcm(bootstrap)["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
     ]
-    assert set(removed) == set(CLIENT_FORBIDDEN_HEADERS)
-    assert DESTINATION_HEADER in removed
+    assert set(removed) == wire.STRIPPED_CLIENT_HEADERS
+    assert wire.DESTINATION_ENDPOINT_HEADER in removed
     # Headers the client legitimately sends to the EPP are kept.
     assert "x-gateway-model-name-rewrite" not in removed
     assert "x-gateway-inference-objective" not in removed
@@ -150,7 +150,7 @@ def test_override_host_cluster_takes_the_pick_from_metadata_only() -> None:
     policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"
     assert policy["typed_config"]["override_host_sources"] == [
-        {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}}
+        {"metadata": {"key": "envoy.lb", "path": [{"key": wire.DESTINATION_ENDPOINT_KEY}]}}
     ]
     fallback = policy["typed_config"]["fallback_policy"]["policies"][0]["typed_extension_config"]
     assert fallback["name"] == "envoy.load_balancing_policies.round_robin"
@@ -162,7 +162,7 @@ def test_original_dst_cluster_dials_only_what_dynamic_metadata_names() -> None:
     assert picked["original_dst_lb_config"]["use_http_header"] is False
     assert picked["original_dst_lb_config"]["metadata_key"] == {
         "key": "envoy.lb",
-        "path": [{"key": DESTINATION_HEADER}],
+        "path": [{"key": wire.DESTINATION_ENDPOINT_KEY}],
     }
 
 
@@ -247,6 +247,12 @@ def test_processing_mode(body_mode: BodyMode, process_responses: bool, expected:
         "response_trailer",
     )
     assert tuple(mode[f"{k}_mode"] for k in keys) == expected
+
+
+def test_a_mode_that_sends_no_body_refuses_to_build() -> None:
+    """The EPP routes on the request body: a bootstrap that would never send it is an error."""
+    with pytest.raises(ConfigError, match="request body"):
+        build_bootstrap(EnvoyOptions(body_mode=BodyMode.NONE, pool_endpoints=PODS))
 
 
 def test_epp_cluster_is_http2_with_tls_and_health_checked() -> None:
