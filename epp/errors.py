@@ -14,7 +14,6 @@ class ErrorCode(enum.Enum):
     """Upstream error codes (the `type` in the error body) and the HTTP status each maps to."""
 
     BAD_REQUEST = ("BadRequest", 400)
-    BAD_CONFIGURATION = ("BadConfiguration", 404)
     NOT_FOUND = ("NotFound", 404)
     RESOURCE_EXHAUSTED = ("InferencePoolResourceExhausted", 429)
     INTERNAL = ("Internal", 500)

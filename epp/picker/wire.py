@@ -27,7 +27,6 @@ STRIPPED_CLIENT_HEADERS = frozenset(
         "x-gateway-destination-endpoint-subset",
     }
 )
-CONTROL_HEADER_PREFIX = "x-gateway-"
 
 # Response headers the EPP sets.
 WENT_INTO_RESP_HEADERS = "x-went-into-resp-headers"

@@ -44,7 +44,6 @@ SERVICE_REF = ResourceRef(API_VERSION, KIND)
 DEPLOYMENT_REF = ResourceRef("apps/v1", "Deployment")
 MODEL_REF = ResourceRef(MODEL_API_VERSION, "InferenceModel")
 POD_REF = ResourceRef("v1", "Pod")
-EVENT_REF = ResourceRef("v1", "Event")
 READY = "Ready"
 COMPONENT = "lora-epp-controller"
 

@@ -34,7 +34,6 @@ GROUP = "inference.llm-d.ai"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "LLMInferenceService"
-PLURAL = "llminferenceservices"
 
 DEFAULT_REPLICAS = 1
 DEFAULT_MAX_SLOTS = 4

@@ -5,7 +5,6 @@ counts who was turned away."""
 
 from epp.picker.peers.credentials import PeerTls, PeerTlsFiles, load_peer_tls, peer_identity
 from epp.picker.peers.exchange import (
-    DEFAULT_PEER_PORT,
     PeerSender,
     PeerService,
     from_proto,
@@ -19,7 +18,6 @@ from epp.picker.peers.renewal import PeerTlsRenewal, Reload
 from epp.picker.peers.server import PeerServer, build_peer_server
 
 __all__ = [
-    "DEFAULT_PEER_PORT",
     "PeerRefusals",
     "PeerSender",
     "PeerServer",

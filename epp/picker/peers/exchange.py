@@ -35,7 +35,6 @@ from epp.picker.scheduling.shared import PeerBatch, PeerReplicator, PeerRouted
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PEER_PORT = 9004
 SEND_TIMEOUT_S = 1.0
 
 

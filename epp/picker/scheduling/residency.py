@@ -58,9 +58,6 @@ class PodResidency:
     # (version, in-flight version) -> (victim, lightest holder, its in-flight count)
     _cached: tuple[int, int, str | None, str | None, int] | None = None
 
-    def free_slots(self) -> int:
-        return max(0, self.slots - len(self.gpu))
-
 
 class ResidencyModel:
     """Per-pod GPU/CPU LoRA residency plus a reverse index adapter → pods holding it in GPU."""
