@@ -20,9 +20,12 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_bool_flag(parser: argparse.ArgumentParser, flag: str, *, default: bool, help: str) -> None:
-    """A boolean flag that accepts a bare `--flag` (true) and `--flag=false`, as upstream's Go flags do."""
-    parser.add_argument(
+def add_bool_flag(container: argparse._ActionsContainer, flag: str, *, default: bool, help: str) -> None:
+    """A boolean flag that accepts a bare `--flag` (true) and `--flag=false`, as upstream's Go flags do.
+
+    `container` is a parser or one of its argument groups, so the flag is listed with its group.
+    """
+    container.add_argument(
         flag,
         nargs="?",
         const=True,

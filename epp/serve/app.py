@@ -306,15 +306,16 @@ def _peer_renewal(parts: _Parts, servers: _Servers, clock: Clock) -> PeerTlsRene
 
 
 def _peer_tls(settings: ServeSettings) -> PeerTls | None:
-    """The peer certificates, read and checked now; plaintext only when asked for by name."""
+    """The peer certificates, read and checked now; plaintext only when asked for by name.
+
+    Which flags go together is settled when the flags are parsed (`settings_from_args`); what is
+    left is what only reading the files can find.
+    """
     ca, cert, key = settings.peer_tls_ca, settings.peer_tls_cert, settings.peer_tls_key
     if ca is not None and cert is not None and key is not None:
         identity = peer_identity(settings.pool_namespace, settings.pool_name)
         return load_peer_tls(PeerTlsFiles(ca, cert, key), identity)
-    if not settings.peer_insecure:
-        raise ConfigError(
-            "--peers needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key, or --peer-insecure"
-        )
+    assert settings.peer_insecure, "--peers without --peer-tls-* needs --peer-insecure"
     log.warning(
         "peer exchange in plaintext (--peer-insecure): anyone who reaches the peer port can feed "
         "this replica routing events; keep a NetworkPolicy in front of it",

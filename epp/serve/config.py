@@ -13,10 +13,12 @@ import os
 import pathlib
 from dataclasses import dataclass
 
+from epp import durations
 from epp.cliutil import add_bool_flag, parse_duration
 from epp.errors import ConfigError
 from epp.picker import wire
 from epp.picker.extproc.stream import BodyMode
+from epp.picker.observability import decisions
 from epp.picker.scrape.parse import DEFAULT_NAMES, MetricNames
 
 POLICIES = ("default", "round-robin", "random", "least-queue", "gie-v0.3", "gie-v1")
@@ -29,6 +31,7 @@ DEFAULT_GRACE_PERIOD = "10s"
 DEFAULT_DRAIN_PERIOD = "5s"
 DEFAULT_ACCESS_LOG_TIMEOUT = "10m"
 DEFAULT_ADAPTER_IDLE_UNLOAD = "10m"
+DEFAULT_PEER_INTERVAL = "100ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,8 @@ class ServeSettings:
     pool_file: pathlib.Path | None = None
     adapter_catalog: pathlib.Path | None = None  # on-demand adapter loading (LLMInferenceService)
     adapter_state_port: int = 0  # the pods' `epp sidecar` port; 0 = scrape only
-    adapter_idle_unload_s: float = 600.0  # 0 = never unload idle on-demand adapters
+    # 0 = never unload idle on-demand adapters
+    adapter_idle_unload_s: float = durations.parse_duration(DEFAULT_ADAPTER_IDLE_UNLOAD)
     kubeconfig: str | None = None
     host: str = "0.0.0.0"
     grpc_port: int = 9002
@@ -47,8 +51,8 @@ class ServeSettings:
     metrics_port: int = 9090
     secure_serving: bool = True
     cert_path: pathlib.Path | None = None
-    refresh_metrics_interval_s: float = 0.1
-    metrics_staleness_threshold_s: float = 2.0
+    refresh_metrics_interval_s: float = durations.parse_duration(DEFAULT_REFRESH_METRICS_INTERVAL)
+    metrics_staleness_threshold_s: float = durations.parse_duration(DEFAULT_STALENESS_THRESHOLD)
     picker_config_text: str | None = None  # from --config-file or --config-text
     policy: str | None = None
     model_server_metrics_port: int | None = None  # None: the endpoint's own port
@@ -60,18 +64,18 @@ class ServeSettings:
     ha_enable_leader_election: bool = False
     max_request_body_bytes: int = wire.DEFAULT_MAX_REQUEST_BODY_BYTES
     max_header_bytes: int = wire.DEFAULT_MAX_HEADER_BYTES
-    grace_period_s: float = 10.0
-    drain_period_s: float = 5.0
-    access_log_timeout_s: float = 600.0
+    grace_period_s: float = durations.parse_duration(DEFAULT_GRACE_PERIOD)
+    drain_period_s: float = durations.parse_duration(DEFAULT_DRAIN_PERIOD)
+    access_log_timeout_s: float = durations.parse_duration(DEFAULT_ACCESS_LOG_TIMEOUT)
     verbosity: int = 2
     log_format: str = "json"
     seed: int | None = None
     tracing: bool = False  # --tracing, or OTEL_EXPORTER_OTLP_ENDPOINT set
     metrics_auth_token_file: pathlib.Path | None = None
-    decision_log_size: int = 256
+    decision_log_size: int = decisions.DEFAULT_CAPACITY  # at most decisions.MAX_CAPACITY
     peers: str = ""  # NAME:PORT[,...] of the other active-active replicas; "" = none
     peer_port: int = 9004
-    peer_interval_s: float = 0.1
+    peer_interval_s: float = durations.parse_duration(DEFAULT_PEER_INTERVAL)
     # Mutual TLS on the peer exchange: the pool's CA, this replica's certificate and key. Without
     # them `--peers` needs `peer_insecure` (plaintext, said so loudly at start).
     peer_tls_ca: pathlib.Path | None = None
@@ -83,6 +87,10 @@ class ServeSettings:
     def lease_name(self) -> str:
         """Upstream's leader-election lease id."""
         return f"epp-{self.pool_namespace}-{self.pool_name}.gateway-api-inference-extension.sigs.k8s.io"
+
+
+# Every flag's default is read from here, so a default is written once: on its `ServeSettings` field.
+_DEFAULTS = ServeSettings(pool_name="", pool_namespace="")
 
 
 def _port(text: str) -> int:
@@ -159,39 +167,54 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     pool.add_argument(
         "--pool-group",
-        default=DEFAULT_POOL_GROUP,
-        help=f"API group of the pool (default {DEFAULT_POOL_GROUP})",
+        default=_DEFAULTS.pool_group,
+        help="API group of the pool (default %(default)s)",
     )
     pool.add_argument(
         "--pool-file",
         type=pathlib.Path,
-        default=None,
+        default=_DEFAULTS.pool_file,
         help="read the pool, pods and models from this YAML file instead of Kubernetes (reloaded on change)",
     )
     pool.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, then ~/.kube/config)"
+        "--kubeconfig",
+        default=_DEFAULTS.kubeconfig,
+        help="kubeconfig path (default: in-cluster, then ~/.kube/config)",
     )
 
     net = parser.add_argument_group("serving")
-    net.add_argument("--host", default="0.0.0.0", help="bind address for every port (default 0.0.0.0)")
-    net.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (default 9002)")
     net.add_argument(
-        "--grpc-health-port", type=_port, default=9003, help="gRPC health port, plaintext (default 9003)"
+        "--host", default=_DEFAULTS.host, help="bind address for every port (default %(default)s)"
     )
     net.add_argument(
-        "--metrics-port", type=_port, default=9090, help="Prometheus /metrics port (default 9090)"
+        "--grpc-port",
+        type=_port,
+        default=_DEFAULTS.grpc_port,
+        help="ext_proc gRPC port (default %(default)s)",
     )
-    add_bool_flag(parser, "--secure-serving", default=True, help="serve ext_proc over TLS")
+    net.add_argument(
+        "--grpc-health-port",
+        type=_port,
+        default=_DEFAULTS.grpc_health_port,
+        help="gRPC health port, plaintext (default %(default)s)",
+    )
+    net.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=_DEFAULTS.metrics_port,
+        help="Prometheus /metrics port (default %(default)s)",
+    )
+    add_bool_flag(net, "--secure-serving", default=_DEFAULTS.secure_serving, help="serve ext_proc over TLS")
     net.add_argument(
         "--cert-path",
         type=pathlib.Path,
-        default=None,
+        default=_DEFAULTS.cert_path,
         help="directory with tls.crt and tls.key (reloaded on change); default: a self-signed certificate",
     )
     net.add_argument(
         "--body-mode",
         type=_body_mode,
-        default=BodyMode.FULL_DUPLEX_STREAMED,
+        default=_DEFAULTS.body_mode,
         metavar="MODE",
         help="body mode for streams whose first message carries no protocol_config: "
         "FULL_DUPLEX_STREAMED (default) or BUFFERED",
@@ -199,13 +222,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--max-request-body-bytes",
         type=_positive_int,
-        default=wire.DEFAULT_MAX_REQUEST_BODY_BYTES,
-        help=f"larger request bodies get 400 (default {wire.DEFAULT_MAX_REQUEST_BODY_BYTES})",
+        default=_DEFAULTS.max_request_body_bytes,
+        help="larger request bodies get 400 (default %(default)s)",
     )
     net.add_argument(
         "--adapter-catalog",
         type=pathlib.Path,
-        default=None,
+        default=_DEFAULTS.adapter_catalog,
         metavar="FILE",
         help="adapter catalogue (name -> lora_path, as `epp controller` writes it): a request for a "
         "catalogue adapter that its picked pod has not registered is held until the pod loads it "
@@ -214,15 +237,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--adapter-state-port",
         type=_port,
-        default=0,
+        default=_DEFAULTS.adapter_state_port,
         metavar="PORT",
         help="dial each pod's adapter-state sidecar (`epp sidecar`) on this port and use its pushed "
-        "adapter state over the scrape while its stream is up; loads go through it (default 0: off)",
+        "adapter state over the scrape while its stream is up; loads go through it "
+        "(default %(default)s: off)",
     )
     net.add_argument(
         "--adapter-idle-unload",
         type=_non_negative_duration,
-        default=parse_duration(DEFAULT_ADAPTER_IDLE_UNLOAD),
+        default=_DEFAULTS.adapter_idle_unload_s,
         metavar="DURATION",
         help="unload an adapter the EPP loaded on demand once no request for it has gone to that pod "
         f"for this long and it holds no GPU slot there (default {DEFAULT_ADAPTER_IDLE_UNLOAD}; 0: never)",
@@ -230,20 +254,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--max-header-bytes",
         type=_positive_int,
-        default=wire.DEFAULT_MAX_HEADER_BYTES,
-        help=f"larger request header sets get 400 (default {wire.DEFAULT_MAX_HEADER_BYTES})",
+        default=_DEFAULTS.max_header_bytes,
+        help="larger request header sets get 400 (default %(default)s)",
     )
     net.add_argument(
         "--grace-period",
         type=parse_duration,
-        default=parse_duration(DEFAULT_GRACE_PERIOD),
+        default=_DEFAULTS.grace_period_s,
         help=f"on SIGTERM, after the drain period, time given to open streams to finish "
         f"(default {DEFAULT_GRACE_PERIOD})",
     )
     net.add_argument(
         "--drain-period",
         type=_non_negative_duration,
-        default=parse_duration(DEFAULT_DRAIN_PERIOD),
+        default=_DEFAULTS.drain_period_s,
         metavar="DURATION",
         help="on SIGTERM, how long the EPP keeps routing after its health turns NOT_SERVING, so the "
         "gateway's health checks stop sending it new streams first; at least the gateway's "
@@ -252,21 +276,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--access-log-timeout",
         type=_positive_duration,
-        default=parse_duration(DEFAULT_ACCESS_LOG_TIMEOUT),
+        default=_DEFAULTS.access_log_timeout_s,
         metavar="DURATION",
         help="how long a routed request whose response did not pass through the EPP waits for the "
         "gateway's access-log entry before it counts as finished anyway (default "
         f"{DEFAULT_ACCESS_LOG_TIMEOUT}; longer than the longest request)",
     )
     add_bool_flag(
-        parser,
+        net,
         "--ha-enable-leader-election",
-        default=False,
+        default=_DEFAULTS.ha_enable_leader_election,
         help="run several replicas; only the Lease holder reports ready",
     )
     net.add_argument(
         "--peers",
-        default="",
+        default=_DEFAULTS.peers,
         metavar="NAME:PORT[,...]",
         help="active-active replicas: the other replicas' peer address, usually the EPP's headless "
         "Service and --peer-port (resolved again every 5 s; this replica is recognised and left out). "
@@ -276,17 +300,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--peer-port",
         type=_port,
-        default=9004,
+        default=_DEFAULTS.peer_port,
         metavar="PORT",
-        help="where the peer exchange listens (mutual TLS unless --peer-insecure) (default 9004)",
+        help="where the peer exchange listens (mutual TLS unless --peer-insecure) (default %(default)s)",
     )
     net.add_argument(
         "--peer-interval",
         type=_positive_duration,
-        default=0.1,
+        default=_DEFAULTS.peer_interval_s,
         metavar="DURATION",
         help="how often each peer gets a batch (an empty one is a heartbeat; a peer silent for 50 "
-        "intervals, at least 1 s, is forgotten with its requests) (default 100ms)",
+        f"intervals, at least 1 s, is forgotten with its requests) (default {DEFAULT_PEER_INTERVAL})",
     )
     for flag, what in (
         ("--peer-tls-ca", "the pool's peer CA certificate (PEM): peers must present a certificate it signed"),
@@ -297,15 +321,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         net.add_argument(
             flag,
             type=pathlib.Path,
-            default=None,
+            default=getattr(_DEFAULTS, flag.removeprefix("--").replace("-", "_")),
             metavar="FILE",
             help=f"{what}; with --peers, all three are required unless --peer-insecure "
             "(read at start and every 30 s after)",
         )
     add_bool_flag(
-        parser,
+        net,
         "--peer-insecure",
-        default=False,
+        default=_DEFAULTS.peer_insecure,
         help="run the peer exchange in plaintext, without certificates: anyone who reaches "
         "--peer-port can feed this replica routing events, so only behind a NetworkPolicy",
     )
@@ -319,81 +343,91 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     sched.add_argument(
         "--policy",
         choices=POLICIES,
-        default=None,
+        default=_DEFAULTS.policy,
         help="scheduling policy when no picker config is given (default: default)",
     )
-    sched.add_argument("--seed", type=int, default=None, help="seed for random choices (reproducible runs)")
+    sched.add_argument(
+        "--seed", type=int, default=_DEFAULTS.seed, help="seed for random choices (reproducible runs)"
+    )
 
     metrics = parser.add_argument_group("model-server metrics")
     metrics.add_argument(
         "--refresh-metrics-interval",
         type=_positive_duration,
-        default=parse_duration(DEFAULT_REFRESH_METRICS_INTERVAL),
-        help="how often each pod's /metrics is scraped (default 100ms: a Python scrape costs ~1.5 ms CPU)",
+        default=_DEFAULTS.refresh_metrics_interval_s,
+        help=f"how often each pod's /metrics is scraped (default {DEFAULT_REFRESH_METRICS_INTERVAL}: "
+        "a Python scrape costs ~1.5 ms CPU)",
     )
     metrics.add_argument(
         "--metrics-staleness-threshold",
         type=_positive_duration,
-        default=parse_duration(DEFAULT_STALENESS_THRESHOLD),
-        help="metrics older than this count as stale (default 2s)",
+        default=_DEFAULTS.metrics_staleness_threshold_s,
+        help=f"metrics older than this count as stale (default {DEFAULT_STALENESS_THRESHOLD})",
     )
     metrics.add_argument(
         "--model-server-metrics-port",
         type=_port,
-        default=0,
-        help="port of the model servers' /metrics (default 0: the pool's target port)",
+        default=0,  # the flag's spelling of the field's None
+        help="port of the model servers' /metrics (default %(default)s: the pool's target port)",
     )
     metrics.add_argument(
         "--model-server-metrics-path",
-        default="/metrics",
-        help="path of the model servers' metrics (default /metrics)",
+        default=_DEFAULTS.model_server_metrics_path,
+        help="path of the model servers' metrics (default %(default)s)",
     )
     metrics.add_argument(
         "--model-server-metrics-scheme",
         choices=("http", "https"),
-        default="http",
-        help="scheme for scraping model servers (default http)",
+        default=_DEFAULTS.model_server_metrics_scheme,
+        help="scheme for scraping model servers (default %(default)s)",
     )
     for flag, field_name, what in _METRIC_NAME_FLAGS:
         metrics.add_argument(
             flag,
-            default=getattr(DEFAULT_NAMES, field_name),
+            default=getattr(_DEFAULTS.metric_names, field_name),
             metavar="NAME",
             help=f"sample name of the model servers' {what} (default %(default)s)",
         )
     add_bool_flag(
-        parser,
+        metrics,
         "--model-server-metrics-https-insecure-skip-verify",
-        default=True,
+        default=_DEFAULTS.model_server_metrics_insecure_skip_verify,
         help="skip certificate verification when scraping over https",
     )
 
     obs = parser.add_argument_group("observability")
     add_bool_flag(
-        parser,
+        obs,
         "--tracing",
-        default=False,
+        default=_DEFAULTS.tracing,
         help="export a span per routing decision over OTLP (also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
     )
     obs.add_argument(
         "--metrics-auth-token-file",
         type=pathlib.Path,
-        default=None,
+        default=_DEFAULTS.metrics_auth_token_file,
         help="require `Authorization: Bearer <token>` on the metrics port (token read from this file)",
     )
     obs.add_argument(
         "--decision-log-size",
         type=_positive_int,
-        default=256,
-        help="decisions kept for GET /debug/decisions on the metrics port (default 256)",
+        default=_DEFAULTS.decision_log_size,
+        help="decisions kept for GET /debug/decisions on the metrics port (default %(default)s)",
     )
 
     logs = parser.add_argument_group("logging")
     logs.add_argument(
-        "--v", type=int, default=2, dest="v", help="verbosity: 2 info (default), 3 verbose, 4 debug, 5 trace"
+        "--v",
+        type=int,
+        default=_DEFAULTS.verbosity,
+        dest="v",
+        help="verbosity: 2 info (default), 3 verbose, 4 debug, 5 trace",
     )
     logs.add_argument(
-        "--log-format", choices=("json", "text"), default="json", help="log line format (default json)"
+        "--log-format",
+        choices=("json", "text"),
+        default=_DEFAULTS.log_format,
+        help="log line format (default %(default)s)",
     )
 
 
@@ -410,8 +444,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
             config_text = args.config_file.read_text()
         except OSError as err:
             raise ConfigError(f"--config-file {args.config_file}: {err.strerror}") from err
-    if args.decision_log_size > 100_000:
-        raise ConfigError("--decision-log-size must be at most 100000")
+    if args.decision_log_size > decisions.MAX_CAPACITY:
+        raise ConfigError(f"--decision-log-size must be at most {decisions.MAX_CAPACITY}")
     if config_text is not None and args.policy is not None:
         raise ConfigError("--policy cannot be combined with --config-file/--config-text")
     if args.peers.strip():

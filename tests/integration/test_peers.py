@@ -301,10 +301,6 @@ def write_other_pool(tmp_path: pathlib.Path) -> pathlib.Path:
             {"identity": "other"},
             "names other.default.epp-peers; peers of this pool expect pool.default.epp-peers",
         ),
-        (
-            {"insecure": False},
-            "--peers needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key, or --peer-insecure",
-        ),
     ],
     ids=[
         "missing-ca",
@@ -312,7 +308,6 @@ def write_other_pool(tmp_path: pathlib.Path) -> pathlib.Path:
         "key-of-another-cert",
         "cert-of-another-ca",
         "cert-of-another-pool",
-        "none",
     ],
 )
 async def test_bad_peer_certificates_are_start_up_errors_naming_the_file(
@@ -332,9 +327,16 @@ async def test_bad_peer_certificates_are_start_up_errors_naming_the_file(
         cert_path.write_bytes(b"junk")
     if files.get("key") == "other":
         key_path.write_bytes(tls.issue(ca, dns_names=[IDENTITY]).key_pem)
-    overrides = peer_tls((ca_path, cert_path, key_path)) if "insecure" not in files else {}
     with pytest.raises(ConfigError, match=message):
-        await start(settings(pool, policy=None, peers="127.0.0.1:1", peer_port=0, **overrides))
+        await start(
+            settings(
+                pool,
+                policy=None,
+                peers="127.0.0.1:1",
+                peer_port=0,
+                **peer_tls((ca_path, cert_path, key_path)),
+            )
+        )
 
 
 def handshake_hello_first(port: int, context: ssl.SSLContext, hello_sent: threading.Event) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 
 import pytest
@@ -41,6 +42,51 @@ def test_defaults_match_upstream() -> None:
     assert s.verbosity == 2 and s.log_format == "json"
     assert (s.drain_period_s, s.grace_period_s, s.access_log_timeout_s) == (5.0, 10.0, 600.0)
     assert s.lease_name == "epp-default-p.gateway-api-inference-extension.sigs.k8s.io"
+
+
+# Flags whose field is named otherwise (besides a duration's `_s`), and flags with no field default
+# of their own: the pool's name and namespace have none, the config flags are read into
+# `picker_config_text`, the metric-name flags fill `metric_names`, and the metrics port's 0 is the
+# flag's spelling of the field's None.
+FIELD_OF_DEST = {
+    "v": "verbosity",
+    "model_server_metrics_https_insecure_skip_verify": "model_server_metrics_insecure_skip_verify",
+}
+NO_FIELD_DEFAULT = {
+    "help",
+    "pool_name",
+    "pool_namespace",
+    "config_file",
+    "config_text",
+    "model_server_metrics_port",
+}
+
+
+def test_every_flag_default_is_its_settings_field_default() -> None:
+    """A default is written once, on the field: a flag that restates one could drift from it."""
+    parser = argparse.ArgumentParser(prog="epp serve")
+    configure_parser(parser)
+    field_defaults = {
+        f.name: f.default for f in dataclasses.fields(ServeSettings) if f.default is not dataclasses.MISSING
+    }
+    checked: set[str] = set()
+    for action in parser._actions:
+        if action.dest in NO_FIELD_DEFAULT or action.dest.endswith("_metric"):
+            continue
+        named = FIELD_OF_DEST.get(action.dest, action.dest)
+        field = next((name for name in (named, f"{named}_s") if name in field_defaults), None)
+        assert field is not None, f"{action.option_strings}: no ServeSettings field with a default"
+        assert action.default == field_defaults[field], action.option_strings
+        checked.add(field)
+    assert set(field_defaults) - checked == {
+        "picker_config_text",
+        "metric_names",
+        "model_server_metrics_port",
+    }
+
+
+def test_no_flags_give_the_settings_defaults() -> None:
+    assert parse(["--pool-name", "p"]) == ServeSettings(pool_name="p", pool_namespace="default")
 
 
 @pytest.mark.parametrize(
@@ -246,6 +292,11 @@ def test_observability_flags(argv: list[str], environ: dict[str, str], expected:
 def test_decision_log_size_is_bounded(size: str) -> None:
     with pytest.raises((SystemExit, ConfigError)):
         parse(["--pool-name", "p", "--decision-log-size", size])
+
+
+def test_decision_log_size_names_its_limit() -> None:
+    with pytest.raises(ConfigError, match=r"^--decision-log-size must be at most 100000$"):
+        parse(["--pool-name", "p", "--decision-log-size", "100001"])
 
 
 def test_upstream_metric_name_flags_choose_what_the_scraper_reads() -> None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from aiohttp import web
 
 DEFAULT_CAPACITY = 256
-MAX_CAPACITY = 100_000
+MAX_CAPACITY = 100_000  # the most `--decision-log-size` takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +67,12 @@ class _Slot:
 
 
 class DecisionLog:
-    """The last `capacity` decisions, newest last. Lives on the event loop (not thread-safe)."""
+    """The last `capacity` decisions, newest last. Lives on the event loop (not thread-safe).
+
+    `capacity` is 1..MAX_CAPACITY, as `--decision-log-size` checks.
+    """
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        if not 1 <= capacity <= MAX_CAPACITY:
-            raise ValueError(f"decision log capacity must be in 1..{MAX_CAPACITY}, got {capacity}")
         self._entries: deque[_Slot] = deque(maxlen=capacity)
 
     @property

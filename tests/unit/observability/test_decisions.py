@@ -64,12 +64,6 @@ async def test_a_bad_limit_is_a_400(limit: str) -> None:
         await client.close()
 
 
-@pytest.mark.parametrize("capacity", [0, 100_001], ids=["zero", "too-large"])
-def test_capacity_is_bounded(capacity: int) -> None:
-    with pytest.raises(ValueError, match="capacity"):
-        DecisionLog(capacity)
-
-
 def test_status_lands_on_the_newest_entry_for_the_request() -> None:
     log = DecisionLog()
     log.add(decision(1))
