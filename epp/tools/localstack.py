@@ -547,12 +547,6 @@ class LocalStack:
                         totals[adapter] = totals.get(adapter, 0.0) + sample.value
         return totals
 
-    def write_pool_file(self, text: str) -> None:
-        """Replace the pool file (atomically); the EPP applies the change on its next poll."""
-        tmp = self.pool_file.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(self.pool_file)
-
     def pool_file_text(self, *, ready: bool = True) -> str:
         """This stack's pool file, with every pod Ready or not."""
         text = pool_yaml(
@@ -565,16 +559,6 @@ class LocalStack:
         if self.options.extra_pool_yaml:
             text += "---\n" + self.options.extra_pool_yaml
         return text
-
-    def log_tails(self) -> str:
-        children = [*self._sims.values(), *self._sidecars.values()]
-        parts = [f"== {c.name} ==\n{c.log_tail()}" for c in children]
-        for slot in self._slots:
-            if slot.process is not None:
-                parts.append(f"== epp :{slot.grpc_port} ==\n{slot.process.log_tail()}")
-        if self.envoy is not None:
-            parts.append(f"== envoy ==\n{self.envoy.log_tail()}")
-        return "\n".join(parts)
 
     # ----- readiness helpers -----
 

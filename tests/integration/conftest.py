@@ -18,6 +18,7 @@ import pytest
 from epp.picker.extproc.stream import BodyMode
 from epp.tools.envoy.config import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
+from tests.support import faults
 
 ADAPTERS = ("adapter-0", "adapter-1", "adapter-2", "adapter-3")
 SHEDDABLE_OBJECTIVE = "batch-jobs"
@@ -88,7 +89,7 @@ def _started(options: StackOptions) -> Iterator[LocalStack]:
     try:
         stack.start()
     except Exception:
-        print(stack.log_tails())
+        print(faults.log_tails(stack))
         stack.stop()
         raise
     try:

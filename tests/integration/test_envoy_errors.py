@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.tools.localstack import LocalStack, SimOptions
 from tests.integration.conftest import ADAPTERS, EPP_STACK, SHEDDABLE_OBJECTIVE, Reply, completion, post
+from tests.support import faults
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ def test_a_client_destination_header_is_never_followed(fdx_stack: LocalStack, sp
 
 
 def test_no_ready_endpoints_is_503_and_recovers(own_stack: LocalStack) -> None:
-    own_stack.write_pool_file(own_stack.pool_file_text(ready=False))
+    faults.write_pool_file(own_stack, own_stack.pool_file_text(ready=False))
     deadline = time.monotonic() + 15
     reply = completion(own_stack, ADAPTERS[0])
     while reply.status != 503 and time.monotonic() < deadline:
@@ -85,7 +86,7 @@ def test_no_ready_endpoints_is_503_and_recovers(own_stack: LocalStack) -> None:
         reply = completion(own_stack, ADAPTERS[0])
     assert reply.status == 503, reply.body
     assert _error(reply)["type"] == "ServiceUnavailable"
-    own_stack.write_pool_file(own_stack.pool_file_text(ready=True))
+    faults.write_pool_file(own_stack, own_stack.pool_file_text(ready=True))
     deadline = time.monotonic() + 15
     while reply.status != 200 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -1,4 +1,5 @@
-"""Faults injected into a `LocalStack`: crashed pods, sidecars and EPPs, restarts and rollouts.
+"""Faults injected into a `LocalStack`: crashed pods, sidecars and EPPs, pods gone unready,
+restarts and rollouts; and the logs to read when a stack fails.
 
 They live with the tests rather than in `epp.tools.localstack`, which `epp demo` and
 `epp bench --live` ship: only the integration tests and the loopback e2e stack break things.
@@ -6,6 +7,7 @@ They live with the tests rather than in `epp.tools.localstack`, which `epp demo`
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 from epp.tools.localstack import Child, LocalStack, StackError
@@ -32,6 +34,30 @@ def kill_sidecar(stack: LocalStack, name: str) -> None:
 def sidecar_log(stack: LocalStack, name: str) -> str:
     """The whole log of pod `name`'s sidecar started last."""
     return stack.sidecar_process(name).log_path.read_text(errors="replace")
+
+
+def write_pool_file(stack: LocalStack, text: str) -> None:
+    """Replace the stack's pool file (atomically); the EPP applies the change on its next poll."""
+    tmp = stack.pool_file.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(stack.pool_file)
+
+
+def log_tails(stack: LocalStack) -> str:
+    """The end of every log the stack wrote: pods, sidecars, EPPs, Envoy. After a failed start
+    some were never started, and are left out."""
+    children: list[Child] = []
+    for find in (stack.sim_process, stack.sidecar_process):
+        for pod in stack.pods:
+            with contextlib.suppress(KeyError):
+                children.append(find(pod.name))
+    parts = [f"== {c.name} ==\n{c.log_tail()}" for c in children]
+    for slot in stack.epp_slots:
+        if slot.process is not None:
+            parts.append(f"== epp :{slot.grpc_port} ==\n{slot.process.log_tail()}")
+    if stack.envoy is not None:
+        parts.append(f"== envoy ==\n{stack.envoy.log_tail()}")
+    return "\n".join(parts)
 
 
 def stop_epp(stack: LocalStack) -> None:

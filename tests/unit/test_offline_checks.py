@@ -26,7 +26,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from epp.tools.envoy.process import validate_config
+from tests.support.envoy_validation import validate_config
 from tests.support.kube_objects import (
     THIRD_PARTY_GROUPS,
     get,

@@ -74,15 +74,6 @@ def pool_resource(group: str) -> ApiResource:
     raise ConfigError(f"unknown InferencePool group {group!r}: expected {GROUP_V1!r} or {GROUP_X!r}")
 
 
-def pool_group_of(obj: Mapping[str, Any]) -> str:
-    """The API group of an object's apiVersion (`""` for the core group)."""
-    api_version = obj.get("apiVersion")
-    if not isinstance(api_version, str) or not api_version:
-        raise ObjectError(_kind_of(obj), _name_of(obj), "apiVersion", "is required")
-    group, _, _ = api_version.rpartition("/")
-    return group
-
-
 # -- errors ----------------------------------------------------------------------------------
 
 

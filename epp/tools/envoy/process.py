@@ -52,21 +52,6 @@ def find_envoy() -> pathlib.Path:
     )
 
 
-def validate_config(config_path: pathlib.Path, *, timeout_s: float = 60.0) -> str:
-    """Run `envoy --mode validate`; returns Envoy's output, raises EnvoyStartError when invalid."""
-    result = subprocess.run(
-        [str(find_envoy()), "--mode", "validate", "-c", str(config_path), "--use-dynamic-base-id"],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise EnvoyStartError(f"envoy rejected {config_path}: {output[-2000:]}")
-    return output
-
-
 class EnvoyProcess:
     """One running Envoy; `start()` returns once `/ready` says LIVE; `stop()` always reaps it."""
 

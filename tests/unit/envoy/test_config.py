@@ -29,7 +29,8 @@ from epp.tools.envoy.config import (
     parse_host_port,
     render_yaml,
 )
-from epp.tools.envoy.process import EnvoyStartError, validate_config
+from epp.tools.envoy.process import EnvoyStartError
+from tests.support.envoy_validation import validate_config
 
 PODS = (HostPort("10.0.0.5", 8000), HostPort("10.0.0.6", 8000))
 

@@ -9,8 +9,8 @@ import pytest
 
 from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.config import EnvoyOptions, HostPort, Upstream, build_bootstrap, render_yaml
-from epp.tools.envoy.process import validate_config
 from epp.tools.envoy.profiles import GATEWAY_PROCESSING_MODE, PROFILES, Gateway, apply_profile
+from tests.support.envoy_validation import validate_config
 
 
 def ext_proc_config(bootstrap: dict[str, object]) -> dict[str, object]:

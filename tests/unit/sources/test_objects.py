@@ -34,7 +34,6 @@ from epp.picker.sources.objects import (
     parse_objects,
     parse_pod,
     parse_pool,
-    pool_group_of,
     pool_resource,
 )
 
@@ -791,22 +790,3 @@ def test_api_coordinates() -> None:
     assert pool_resource("inference.networking.x-k8s.io") is POOL_V1ALPHA2
     with pytest.raises(ConfigError, match="unknown InferencePool group"):
         pool_resource("example.com")
-
-
-@pytest.mark.parametrize(
-    ("obj", "group"),
-    [
-        (pool_v1(), "inference.networking.k8s.io"),
-        (pool_v1alpha2(), "inference.networking.x-k8s.io"),
-        (pod(), ""),
-    ],
-    ids=["v1", "v1alpha2", "core"],
-)
-def test_pool_group_of(obj: Obj, group: str) -> None:
-    assert pool_group_of(obj) == group
-
-
-def test_pool_group_of_requires_an_api_version() -> None:
-    with pytest.raises(ObjectError) as caught:
-        pool_group_of({"kind": "InferencePool", "metadata": {"name": "p"}})
-    assert caught.value.field == "apiVersion"
