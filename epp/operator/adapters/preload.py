@@ -118,12 +118,12 @@ class Preloader:
             return []
         address_of = {s.name: s.address for s in ready}
         plan, popularity = state.plan, state.popularity
-        seen = [adapter for adapter in catalog.paths if plan.planned(adapter)]
+        seen = [adapter for adapter in catalog.paths if plan.planned_homes(adapter)]
         seen.sort(key=lambda adapter: (-popularity.rate(adapter, now), adapter))
         return [
             (address_of[home], adapter)
             for adapter in seen
-            for home in plan.ranked_homes(adapter)
+            for home in plan.planned_homes(adapter)
             if home in address_of
         ]
 

@@ -130,7 +130,7 @@ class ColdAdapterUnloader:
 
     def _planned_home(self, endpoint: EndpointState, adapter: str) -> bool:
         state = self._scheduler
-        return state is not None and endpoint.name in state.plan.ranked_homes(adapter)
+        return state is not None and endpoint.name in state.plan.planned_homes(adapter)
 
     def _busy(self, endpoint: EndpointState, adapter: str) -> bool:
         metrics = endpoint.metrics

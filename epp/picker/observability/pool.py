@@ -178,7 +178,7 @@ def _endpoint_row(
                 "running": adapter in running,
                 "waiting": adapter in waiting,
                 "waiting_for_slot": adapter in waiters,
-                "planned_home": name in state.plan.ranked_homes(adapter),
+                "planned_home": name in state.plan.planned_homes(adapter),
             }
             for adapter in gpu
         ],
@@ -219,7 +219,7 @@ def _adapter_rows(
             "waiting_for_slot": sorted(where.waiting_for_slot),
             "running_on": where.running_on,
             "waiting_on": where.waiting_on,
-            "planned_homes": list(state.plan.ranked_homes(adapter)),
+            "planned_homes": list(state.plan.planned_homes(adapter)),
             "traffic_share": round(state.popularity.share(adapter, now), 4),
         }
         for adapter, where in sorted(places.items())

@@ -259,7 +259,7 @@ class ProfileScheduler:
         else:  # room left: where the placement plan puts the adapter, so replicas agree at any pool size
             planned = (
                 by_name[h]
-                for h in self.state.plan.ranked_homes(adapter)
+                for h in self.state.plan.planned_homes(adapter)
                 if h in usable and h in by_name and h not in homes
             )
             keep.extend(itertools.islice(planned, home_cap - len(keep)))

@@ -61,8 +61,12 @@ class HomePlan:
     def __len__(self) -> int:
         return len(self._counts)
 
-    def homes(self, adapter: str, pods: tuple[str, ...], desired: int) -> frozenset[str]:
-        """The planned homes of `adapter` among `pods`, sized from `desired` (at least 1)."""
+    def plan_homes(self, adapter: str, pods: tuple[str, ...], desired: int) -> frozenset[str]:
+        """Plan `adapter`'s homes among `pods` for a request, sized from `desired` (at least 1).
+
+        This moves the plan: the home count follows `desired` with hysteresis, and the result is
+        what `planned_homes` reads back. The scorer calls it once per request; a set, because
+        what it asks is whether a candidate is a home."""
         count = self._count(adapter, max(1, desired))
         cached = self._homes.get(adapter)
         if cached is not None and cached[1] == count and (cached[0] is pods or cached[0] == pods):
@@ -72,18 +76,15 @@ class HomePlan:
         self._homes[adapter] = (pods, count, ranked, planned)
         return planned
 
-    def ranked_homes(self, adapter: str) -> tuple[str, ...]:
-        """The homes `homes` last planned for `adapter`, first home first (() when none)."""
+    def planned_homes(self, adapter: str) -> tuple[str, ...]:
+        """The homes `plan_homes` last planned for `adapter`, first home first (() when none).
+
+        Reading it leaves the plan as it is, so the decision record, the candidate window, the
+        adapter preloader and unloader and the pool view can ask without sizing anything; in rank
+        order, because they take the first homes first. An adapter the plan has forgotten (or
+        never planned) has none."""
         cached = self._homes.get(adapter)
         return () if cached is None else cached[2]
-
-    def planned(self, adapter: str) -> int:
-        """The home count last planned for `adapter` (0 when it is not in the plan)."""
-        return self._counts.get(adapter, 0)
-
-    def ranking(self, adapter: str, pods: tuple[str, ...]) -> tuple[str, ...]:
-        """`pods` in `adapter`'s rendezvous order: its first home first."""
-        return self._first(adapter, pods, len(pods))
 
     def _first(self, adapter: str, pods: tuple[str, ...], count: int) -> tuple[str, ...]:
         """The first `count` of `adapter`'s ranking: O(pods) hashes, once per adapter and pool."""

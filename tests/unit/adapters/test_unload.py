@@ -14,6 +14,7 @@ from epp.operator.adapters.unload import ColdAdapterUnloader, Unloaded
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics
 from epp.picker.scheduling.state import SchedulerState
+from tests.support import placement
 from tests.unit.adapters.fakes import CatalogFile, FakePods
 from tests.unit.fake_scheduler import pool_datastore
 
@@ -188,13 +189,13 @@ async def test_with_the_planned_strategy_a_cold_adapter_goes_unless_the_pod_is_i
     preloaded: bool,
 ) -> None:
     pod = await pod_with_cold_adapter("planned", preloaded=preloaded)
-    pod.scheduler.plan.homes("cold", (NAME,), 1)  # the only pod: the plan makes it the adapter's home
+    pod.scheduler.plan.plan_homes("cold", (NAME,), 1)  # the only pod: the plan makes it the adapter's home
     unloader = pod.unloader()
     assert await unloader.tick() == []
     plan = pod.scheduler.plan
     # A pod joins that the hash ranks above this one for "cold": the plan moves the adapter there.
     other = next(
-        p for p in (f"pod-{i}-rank-0" for i in range(1, 50)) if plan.ranking("cold", (p, NAME))[0] == p
+        p for p in (f"pod-{i}-rank-0" for i in range(1, 50)) if placement.ranking("cold", (p, NAME))[0] == p
     )
-    plan.homes("cold", (other, NAME), 1)
+    plan.plan_homes("cold", (other, NAME), 1)
     assert await unloader.tick() == [Unloaded(ADDRESS, "cold", "idle")]

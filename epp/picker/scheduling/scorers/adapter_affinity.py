@@ -89,7 +89,7 @@ class AdapterAffinityScorer:
                 reasons[e.endpoint.name] = "base-model"
             return [1.0] * len(endpoints)
         placement = self._placement(ctx, endpoints)
-        ctx.planned_homes = ctx.state.plan.ranked_homes(placement.adapter)
+        ctx.planned_homes = ctx.state.plan.planned_homes(placement.adapter)
         out: list[float] = []
         append = out.append
         costs = self.costs
@@ -149,7 +149,7 @@ class AdapterAffinityScorer:
             loads=loads,
             spill_above=least + self.spill_queue_threshold + self.spill_load_ratio * least,
             homes=homes,
-            planned=ctx.state.plan.homes(adapter, pool, planned_homes),
+            planned=ctx.state.plan.plan_homes(adapter, pool, planned_homes),
             # Too few homes for its traffic: a free slot elsewhere widens the set, so it scores higher.
             free_score=self.widen_slot if len(homes) < desired_homes else self.free_slot,
             target_rate=popularity.rate(adapter, now),
