@@ -611,21 +611,24 @@ def build_director(
     from epp.picker.admission import Admission, detector_config
     from epp.picker.flowcontrol import build_flow_control
     from epp.picker.flowcontrol.config import flow_control_settings
-    from epp.picker.scheduling.build import build_scheduler
-    from epp.picker.scheduling.config import load_config
-    from epp.picker.scheduling.policies import policy_config_text
+    from epp.picker.scheduling.build import build_scheduler, policy_config
+    from epp.picker.scheduling.config import PickerConfig, load_config
 
-    config_text = settings.picker_config_text
-    if config_text is None:
-        config_text = policy_config_text(settings.policy or "default")
-    config = load_config(config_text) if config_text is not None else None
-    if settings.picker_config_text is not None and config is not None and config.ignored:
-        log.warning(
-            "EndpointPickerConfig sections accepted and not applied", extra={"sections": list(config.ignored)}
-        )
+    # The one place the EndpointPickerConfig is loaded: the scheduler, admission and flow control
+    # all read this one (a built-in policy's own when no config was given).
+    policy: str | None = None
+    config: PickerConfig | None
+    if settings.picker_config_text is not None:
+        config = load_config(settings.picker_config_text)
+        if config.ignored:
+            ignored = {"sections": list(config.ignored)}
+            log.warning("EndpointPickerConfig sections accepted and not applied", extra=ignored)
+    else:
+        policy = settings.policy or "default"
+        config = policy_config(policy)
     scheduler = build_scheduler(
-        settings.picker_config_text,
-        policy=settings.policy,
+        config,
+        policy=policy,
         staleness_threshold_s=settings.metrics_staleness_threshold_s,
         seed=settings.seed,
     )

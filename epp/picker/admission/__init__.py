@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from epp.errors import ConfigError
 from epp.picker.admission.saturation import SaturationDetector, SaturationLevel
 from epp.picker.admission.shedding import SHED_MESSAGE, Admission
-from epp.picker.scheduling.config import PickerConfig, PluginSpec, load_config, parse_config_duration
+from epp.picker.scheduling.config import PickerConfig, PluginSpec, parse_config_duration
 from epp.picker.scheduling.params import Params
 from epp.picker.scheduling.plugins import LORA_CAPACITY_DETECTOR, SATURATION_DETECTOR_TYPES
 
@@ -85,15 +85,12 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
     )
 
 
-def build_admission(
-    config: str | PickerConfig | None = None, *, staleness_threshold_s: float = 2.0
-) -> Admission:
+def build_admission(config: PickerConfig | None = None, *, staleness_threshold_s: float = 2.0) -> Admission:
     """Admission from the config's saturation detector (see `detector_config`), or defaults.
 
-    `config` is EndpointPickerConfig YAML or an already loaded config. Raises ConfigError.
+    `config` comes loaded, by whoever also builds the scheduler from it. Raises ConfigError.
     """
-    loaded = load_config(config) if isinstance(config, str) else config
-    chosen = detector_config(loaded, staleness_threshold_s=staleness_threshold_s)
+    chosen = detector_config(config, staleness_threshold_s=staleness_threshold_s)
     return Admission(detector=chosen.detector, shed_standard=chosen.shed_standard)
 
 

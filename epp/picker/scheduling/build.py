@@ -24,26 +24,30 @@ from epp.picker.scheduling.types import Scheduler
 # configs loaded from YAML score every candidate, as upstream does.
 MAX_SCORED_ENDPOINTS = {"default": 64, "learned-costs": 64}
 
-__all__ = ["POLICY_NAMES", "build_scheduler", "build_scheduler_from_config"]
+__all__ = ["POLICY_NAMES", "build_scheduler", "build_scheduler_from_config", "policy_config"]
 
 
 def build_scheduler(
-    config_text: str | None = None,
+    config: str | PickerConfig | None = None,
     *,
     policy: str | None = None,
     staleness_threshold_s: float = 2.0,
     seed: int | None = None,
     timing: PluginTiming | None = None,
 ) -> Scheduler:
-    """`config_text` (EndpointPickerConfig YAML) wins over `policy`; neither → the `default` policy.
+    """`config` (EndpointPickerConfig YAML, or a config already loaded) runs under the name
+    `config`; without it, the built-in `policy` (None: `default`).
 
-    Raises ConfigError for a bad config or an unknown policy name.
+    Both given: `config` is that policy's own, as `policy_config(policy)` loads it, from a caller
+    that reads more from it (`epp serve` takes admission and flow control from the same config),
+    so it is loaded once. Raises ConfigError for a bad config or an unknown policy name.
     """
     if staleness_threshold_s <= 0:
         raise ConfigError(f"staleness threshold must be positive, got {staleness_threshold_s}")
-    if config_text is not None:
+    loaded = load_config(config) if isinstance(config, str) else config
+    if loaded is not None and policy is None:
         return build_scheduler_from_config(
-            load_config(config_text), staleness_threshold_s=staleness_threshold_s, seed=seed, timing=timing
+            loaded, staleness_threshold_s=staleness_threshold_s, seed=seed, timing=timing
         )
     name = policy or "default"
     if name not in POLICY_NAMES:
@@ -51,18 +55,27 @@ def build_scheduler(
     state = SchedulerState.create(seed=seed, staleness_threshold_s=staleness_threshold_s)
     custom = policy_scheduler(name, state)
     if custom is not None:
+        if loaded is not None:
+            raise ConfigError(f"policy {name!r} is hand-written: it runs no EndpointPickerConfig")
         return custom
-    text = policy_config_text(name)
-    assert text is not None  # every policy without a hand-written scheduler is a config
-    config = load_config(text)
+    if loaded is None:
+        loaded = policy_config(name)
+    assert loaded is not None  # every policy without a hand-written scheduler is a config
     return build_scheduler_from_config(
-        config,
+        loaded,
         staleness_threshold_s=staleness_threshold_s,
         seed=seed,
         timing=timing,
         name=name,
         max_scored_endpoints=MAX_SCORED_ENDPOINTS.get(name, 0),
     )
+
+
+def policy_config(name: str) -> PickerConfig | None:
+    """The loaded EndpointPickerConfig of a config-defined policy (`default`, `gie-v1`, ...);
+    None for the hand-written baselines and for names that are no policy."""
+    text = policy_config_text(name)
+    return load_config(text) if text is not None else None
 
 
 def build_scheduler_from_config(

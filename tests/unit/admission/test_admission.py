@@ -7,6 +7,7 @@ import pytest
 from epp.errors import ConfigError, EppError, ErrorCode
 from epp.picker.admission import SHED_MESSAGE, SaturationLevel, build_admission
 from epp.picker.datastore.types import Criticality, EndpointState
+from epp.picker.scheduling.config import load_config
 from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import endpoint_state, snapshot_of
 
@@ -128,7 +129,7 @@ plugins:
 - type: queue-scorer
 saturationDetector: {pluginRef: utilization-detector}
 """
-    admission = build_admission(config)
+    admission = build_admission(load_config(config))
     assert admission.detector.queue_depth_threshold == 20
     assert admission.detector.staleness_threshold_s == pytest.approx(0.2)
     assert admission.detector.level(_pool("saturated"), NOW) is SaturationLevel.OK
@@ -151,5 +152,5 @@ saturationDetector: {pluginRef: utilization-detector}
 def test_bad_detector_config(params: str, message: str) -> None:
     config = f"plugins:\n- type: utilization-detector\n  parameters: {params}\n"
     with pytest.raises(ConfigError) as err:
-        build_admission(config)
+        build_admission(load_config(config))
     assert message in str(err.value)

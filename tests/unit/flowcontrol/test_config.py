@@ -358,7 +358,8 @@ def test_bad_lora_capacity_detector(parameters: str, message: str) -> None:
 
 def test_drain_after_is_ours_alone() -> None:
     with pytest.raises(ConfigError, match=r"unknown parameter\(s\) drainAfter"):
-        build_admission("plugins:\n- type: utilization-detector\n  parameters: {drainAfter: 1s}\n")
+        text = "plugins:\n- type: utilization-detector\n  parameters: {drainAfter: 1s}\n"
+        build_admission(load_config(text))
 
 
 def test_negative_band_template_serves_only_priorities_below_zero() -> None:
