@@ -7,6 +7,8 @@
   `epp serve` accepts;
 - the chart renders the same objects as the kustomize manifests it stands beside (so the two
   never drift), for the plain EPP, active-active, the sample models and each gateway provider;
+- the LLMInferenceService controller's EPP Deployment is the chart's for the values that describe
+  it (image, ports, config file, adapter flags), less its own names, labels and owner;
 - bad values fail the render with a message that names the value to change.
 
 helm and kubectl come from .ci/k8s_tools.sh (or PATH); without them these tests skip."""
@@ -28,6 +30,8 @@ import yaml
 from epp.errors import ConfigError
 from epp.kube import leader
 from epp.kube import watch as kube
+from epp.operator.controller import render as controller
+from epp.operator.controller.spec import parse_spec
 from epp.picker.peers import PeerTlsFiles, load_peer_tls, peer_identity
 from epp.picker.scheduling.config import load_config
 from epp.serve import config as serve_config
@@ -37,6 +41,7 @@ from tests.support.kube_objects import kube_tool, validate
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "inferencepool"
 KIND_VALUES = ROOT / "kind" / "values.yaml"
+CONTROLLER_SAMPLE = ROOT / "manifests" / "controller" / "samples" / "legal-assistants.yaml"
 RELEASE = "vllm-llama3-8b"
 POOL_LABELS = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm"}}}}
 PROVIDERS = ("none", "istio", "kgateway", "envoy-gateway")
@@ -597,3 +602,66 @@ def test_chart_renders_the_sample_models_as_the_manifests_hold_them() -> None:
         "manifests/samples/inferencemodels.yaml", "manifests/samples/inferenceobjective.yaml"
     )
     _assert_same_objects(chart, samples)
+
+
+# -- the same EPP Deployment as the LLMInferenceService controller renders ---------------------------------
+
+
+def _image_values(image: str) -> dict[str, str]:
+    """The chart's image.hub/name/tag for an image reference `hub/name:tag` (hub optional)."""
+    path, _, tag = image.rpartition(":")
+    hub, _, name = path.rpartition("/")
+    return {"hub": hub, "name": name, "tag": tag}
+
+
+def _controller_values(owner: controller.Owner, settings: controller.RenderSettings) -> dict[str, Any]:
+    """The chart values that describe the EPP the controller runs for `owner`: its image and
+    ext_proc port, the ConfigMap's scheduler.yaml as the config file, and the adapter flags."""
+    spec = parse_spec(yaml.safe_load(CONTROLLER_SAMPLE.read_text())["spec"])
+    config = controller.epp_config_map(owner, spec)
+    return {
+        "inferencePool": {"modelServers": {"matchLabels": {controller.SERVICE_LABEL: owner.name}}},
+        "inferenceExtension": {
+            "image": _image_values(settings.epp_image),
+            "extProcPort": settings.epp_port,
+            "pluginsConfigFile": "scheduler.yaml",
+            "pluginsCustomConfig": config["data"],
+            "flags": {
+                "adapter-catalog": f"{controller.CONFIG_DIR}/adapters.yaml",
+                "adapter-state-port": settings.sidecar_port,
+            },
+        },
+    }
+
+
+def _without_owner(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """The Deployment less what legitimately differs between the chart and the controller: labels
+    and the selector (each has its own scheme; the controller's name the owning object), its owner
+    reference, the pod's annotations (the chart rolls the pods when the config changes; the
+    controller keeps adapter edits from touching the pod template) and the rollout strategy (the
+    controller states maxUnavailable 0, what Kubernetes' default gives one replica)."""
+    normal = copy.deepcopy(dict(deployment))
+    normal["metadata"] = {"name": normal["metadata"]["name"], "namespace": normal["metadata"]["namespace"]}
+    spec = normal["spec"]
+    for key in ("selector", "strategy"):
+        spec.pop(key, None)
+    spec["template"].pop("metadata")
+    return normal
+
+
+CONTROLLER_SETTINGS = {
+    "defaults": controller.RenderSettings(),
+    "other ports and image": controller.RenderSettings(
+        epp_image="registry.example:5000/team/lora-epp:v1.2.3", epp_port=9100, sidecar_port=0
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONTROLLER_SETTINGS)
+def test_controller_renders_the_charts_epp_deployment(case: str) -> None:
+    settings = CONTROLLER_SETTINGS[case]
+    owner = controller.Owner(RELEASE, "team-a", "uid-1")
+    ours = controller.epp_deployment(owner, settings)
+    chart = one(render(_controller_values(owner, settings), namespace=owner.namespace), "Deployment")
+    assert ours["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert _without_owner(ours) == _without_owner(chart)

@@ -46,7 +46,12 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "lora-epp-controller"
 S3_DIR = "/adapters"
 PVC_DIR = "/mnt/pvc"
-CONFIG_DIR = "/etc/epp"
+CONFIG_DIR = "/config"  # where the chart mounts the EPP's ConfigMap
+# `epp serve`'s ports, as the chart renders them: ext_proc (RenderSettings.epp_port, a flag
+# when not this default), gRPC health and Prometheus metrics.
+EPP_DEFAULT_PORT = 9002
+EPP_HEALTH_PORT = 9003
+EPP_METRICS_PORT = 9090
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,8 +325,62 @@ def epp_rbac(owner: Owner) -> list[Obj]:
 
 
 def epp_deployment(owner: Owner, settings: RenderSettings) -> Obj:
+    """The chart's EPP Deployment (charts/inferencepool, one replica, the ConfigMap's
+    scheduler.yaml as its config file) with the controller's own names, labels and owner, and
+    a rollout that never drops the only replica. tests/unit/test_chart.py renders the chart
+    with the matching values and holds this to it field for field."""
     name = epp_name(owner)
     labels = child_labels(owner, "epp")
+    args = [
+        "serve",
+        f"--pool-name={owner.name}",
+        "--pool-namespace=$(POD_NAMESPACE)",
+    ]
+    if settings.epp_port != EPP_DEFAULT_PORT:
+        args.append(f"--grpc-port={settings.epp_port}")
+    args += [
+        f"--config-file={CONFIG_DIR}/scheduler.yaml",
+        f"--adapter-catalog={CONFIG_DIR}/adapters.yaml",
+        f"--adapter-state-port={settings.sidecar_port}",
+    ]
+    container: Obj = {
+        "name": "epp",
+        "image": settings.epp_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": args,
+        "env": [
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "ports": [
+            {"name": "grpc-ext-proc", "containerPort": settings.epp_port, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+            {"name": "http-metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "livenessProbe": {
+            "grpc": {"port": EPP_HEALTH_PORT, "service": "liveness"},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 10,
+        },
+        "readinessProbe": {
+            "grpc": {"port": EPP_HEALTH_PORT, "service": "readiness"},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        # Serving on while the gateway's endpoint discovery drops the leaving pod; the pod's
+        # 30 s grace covers this pause, --drain-period and --grace-period.
+        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        ],
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -334,30 +393,18 @@ def epp_deployment(owner: Owner, settings: RenderSettings) -> Obj:
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": name,
-                    "containers": [
-                        {
-                            "name": "epp",
-                            "image": settings.epp_image,
-                            "args": [
-                                "serve",
-                                f"--pool-name={owner.name}",
-                                f"--pool-namespace={owner.namespace}",
-                                f"--config-file={CONFIG_DIR}/scheduler.yaml",
-                                f"--adapter-catalog={CONFIG_DIR}/adapters.yaml",
-                                f"--adapter-state-port={settings.sidecar_port}",
-                            ],
-                            "ports": [
-                                {"name": "grpc-ext-proc", "containerPort": settings.epp_port},
-                                {"name": "grpc-health", "containerPort": settings.epp_port + 1},
-                            ],
-                            "readinessProbe": {
-                                "grpc": {"port": settings.epp_port + 1, "service": "readiness"},
-                                "periodSeconds": 2,
-                            },
-                            "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
-                        }
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                        {"name": "config", "configMap": {"name": name}},
                     ],
-                    "volumes": [{"name": "config", "configMap": {"name": name}}],
                 },
             },
         },
