@@ -22,7 +22,7 @@ much less instead, so a resident home keeps its margin over any free slot), and 
 `plannedSwapScore` (0.01) more, a tie-break only. So EPP replicas, or one EPP after a
 restart, put an adapter on the same pods instead of wherever load ties fall.
 
-Misses priced (`priceMisses`, on by default): a free slot's or a swap's margin below an active
+Misses priced (`priceMisses`, off by default): a free slot's or a swap's margin below an active
 home is multiplied by what loading the adapter there costs over a hit's TTFT on that pod, both
 learned from the EPP's own requests (`scheduling.costs`; a host-memory copy when the residency
 view has the adapter in that pod's host tier, a storage read otherwise). Where a load takes a hit's
