@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.soak import cpu_s, open_loop, stack_options, trace_requests
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack
 
 

@@ -25,10 +25,10 @@ from epp.picker.admission import detector_config
 from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
 from epp.picker.flowcontrol import build_flow_control
 from epp.picker.flowcontrol.capacity import Gate
-from epp.picker.flowcontrol.config import flow_control_settings
+from epp.picker.flowcontrol.config_section import flow_control_settings
 from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
-from epp.picker.scheduling.config import load_config
 from epp.picker.scheduling.framework import record_routed
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.policies import policy_config_text
 from epp.picker.scheduling.types import LLMRequest, Scheduler
 

@@ -46,7 +46,7 @@ from epp.picker.observability.decisions import DecisionLog
 from epp.picker.observability.metrics import EppMetrics
 from epp.picker.observability.observer import Observer
 from epp.serve.app import build_director
-from epp.serve.config import ServeSettings
+from epp.serve.settings import ServeSettings
 
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 WARM_UP = 200

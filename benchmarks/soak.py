@@ -67,7 +67,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 import aiohttp
 
 from epp.tools.bench.workload import read_trace, resolve_trace
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))

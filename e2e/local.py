@@ -17,7 +17,7 @@ import yaml
 
 from e2e.stack import Baseline, Split, finished_by_in
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions, pool_yaml
 from tests.support import faults
 

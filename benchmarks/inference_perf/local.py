@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -77,8 +77,8 @@ from epp.picker.peers import (
 from epp.picker.scheduling.framework import ProfileScheduler
 from epp.picker.scheduling.shared import PeerReplicator
 from epp.picker.scheduling.state import SchedulerState
-from epp.serve import config
-from epp.serve.config import ServeSettings
+from epp.serve import settings as serve_settings
+from epp.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -105,12 +105,12 @@ class BoundPorts:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    config.configure_parser(parser)
+    serve_settings.configure_parser(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = config.settings_from_args(args)
+        settings = serve_settings.settings_from_args(args)
     except ConfigError as err:
         print(f"epp serve: {err}", file=sys.stderr)
         return 2
@@ -610,9 +610,9 @@ def build_director(
     Public so the hot-path benchmark measures exactly what `epp serve` runs."""
     from epp.picker.admission import Admission, detector_config
     from epp.picker.flowcontrol import build_flow_control
-    from epp.picker.flowcontrol.config import flow_control_settings
+    from epp.picker.flowcontrol.config_section import flow_control_settings
     from epp.picker.scheduling.build import build_scheduler, policy_config
-    from epp.picker.scheduling.config import PickerConfig, load_config
+    from epp.picker.scheduling.picker_config import PickerConfig, load_config
 
     # The one place the EndpointPickerConfig is loaded: the scheduler, admission and flow control
     # all read this one (a built-in policy's own when no config was given).

@@ -18,7 +18,7 @@ import sys
 import time
 
 from epp.tools import loadgen
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.envoy.process import EnvoyNotFoundError, EnvoyStartError
 from epp.tools.localstack import LocalStack, SimOptions, StackError, StackOptions
 

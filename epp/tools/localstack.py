@@ -34,7 +34,7 @@ from epp.clock import Clock, SystemClock
 from epp.picker.datastore.types import FailureMode
 from epp.picker.extproc.stream import BodyMode
 from epp.picker.peers import peer_identity
-from epp.tools.envoy.config import (
+from epp.tools.envoy.bootstrap import (
     EPP_CLUSTER,
     EnvoyOptions,
     EppEndpoint,

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from epp.picker.extproc.stream import BodyMode
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from tests.support import faults
 

@@ -13,7 +13,7 @@ import pytest
 
 from epp.picker.datastore.types import FailureMode
 from epp.picker.scheduling.policies import DEFAULT_CONFIG
-from epp.tools.envoy.config import BODY_MODES, EnvoyOptions
+from epp.tools.envoy.bootstrap import BODY_MODES, EnvoyOptions
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad

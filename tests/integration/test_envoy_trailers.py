@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from epp.picker.extproc.stream import BodyMode
-from epp.tools.envoy.config import EnvoyOptions
+from epp.tools.envoy.bootstrap import EnvoyOptions
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK
 

@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import BODY_MODES
+from epp.tools.envoy.bootstrap import BODY_MODES
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad, Result, streams_through_an_epp_kill

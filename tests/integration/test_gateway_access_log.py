@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from epp.picker import wire
-from epp.tools.envoy.config import EPP_CLUSTER
+from epp.tools.envoy.bootstrap import EPP_CLUSTER
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK, _started, completion
 from tests.support import gateway_access_log

@@ -24,7 +24,7 @@ from epp._proto import peers_pb2 as peers_pb
 from epp._proto import peers_pb2_grpc as peers_grpc
 from epp.errors import ConfigError
 from epp.picker.peers import peer_identity
-from epp.serve.config import ServeSettings
+from epp.serve.settings import ServeSettings
 from epp.tools.localstack import write_peer_tls
 from tests.integration.test_serve_grpc import (
     FakePods,

@@ -38,7 +38,7 @@ from epp.picker.extproc.stream import StreamOptions
 from epp.picker.observability.health import Health, build_health_server
 from epp.picker.scheduling.types import LLMRequest, SchedulingResult
 from epp.serve.app import BoundPorts, serve
-from epp.serve.config import ServeSettings
+from epp.serve.settings import ServeSettings
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = pytest.mark.integration

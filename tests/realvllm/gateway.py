@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
+from epp.tools.envoy.bootstrap import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
 from epp.tools.envoy.process import EnvoyProcess
 from epp.tools.localstack import epp_ready, free_port, pool_yaml
 from tests.realvllm.client import RealPod

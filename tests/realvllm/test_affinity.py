@@ -24,7 +24,7 @@ import random
 import threading
 import time
 
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RawPage, RealPod, completion, idle, scrape
 from tests.realvllm.gateway import Gateway
 from tests.support.waiting import poll_until

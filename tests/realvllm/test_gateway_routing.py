@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from epp.tools.envoy.config import RoutingMode
+from epp.tools.envoy.bootstrap import RoutingMode
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, completion, idle, successes
 from tests.realvllm.gateway import EPP_CHOICE_HEADER, UPSTREAM_HOST_HEADER, Gateway
 from tests.support.waiting import poll_until

@@ -33,8 +33,8 @@ from epp.kube import watch as kube
 from epp.operator.controller import render as controller
 from epp.operator.controller.spec import parse_spec
 from epp.picker.peers import PeerTlsFiles, load_peer_tls, peer_identity
-from epp.picker.scheduling.config import load_config
-from epp.serve import config as serve_config
+from epp.picker.scheduling.picker_config import load_config
+from epp.serve import settings as serve_config
 from tests.support import gateway_access_log
 from tests.support.kube_objects import kube_tool, validate
 

@@ -35,7 +35,7 @@ from epp.operator.controller.spec import (
     ServiceSpec,
     SourceKind,
 )
-from epp.picker.scheduling.config import weights_from_scoring_weights
+from epp.picker.scheduling.picker_config import weights_from_scoring_weights
 
 Obj = dict[str, Any]
 

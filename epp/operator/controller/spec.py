@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.errors import ConfigError
-from epp.picker.scheduling.config import SCORING_WEIGHT_PLUGINS
+from epp.picker.scheduling.picker_config import SCORING_WEIGHT_PLUGINS
 
 GROUP = "inference.llm-d.ai"
 VERSION = "v1alpha1"

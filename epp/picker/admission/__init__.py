@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from epp.errors import ConfigError
 from epp.picker.admission.saturation import SaturationDetector, SaturationLevel
 from epp.picker.admission.shedding import SHED_MESSAGE, Admission
-from epp.picker.scheduling.config import PickerConfig, PluginSpec, parse_config_duration
 from epp.picker.scheduling.params import Params
+from epp.picker.scheduling.picker_config import PickerConfig, PluginSpec, parse_config_duration
 from epp.picker.scheduling.plugins import LORA_CAPACITY_DETECTOR, SATURATION_DETECTOR_TYPES
 
 __all__ = [

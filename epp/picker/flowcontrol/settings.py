@@ -1,6 +1,6 @@
 """Flow control's settings: one value per knob, each with its one default.
 
-`FlowControlSettings` is what `epp serve` and `epp bench` run with; `epp.picker.flowcontrol.config`
+`FlowControlSettings` is what `epp serve` and `epp bench` run with; `epp.picker.flowcontrol.config_section`
 builds it from an EndpointPickerConfig's `flowControl` section (upstream's keys) and flags.
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from epp.errors import ConfigError
-from epp.picker.scheduling.config import PickerConfig, load_config
 from epp.picker.scheduling.framework import (
     Filter,
     Picker,
@@ -15,6 +14,7 @@ from epp.picker.scheduling.framework import (
     WeightedScorer,
 )
 from epp.picker.scheduling.params import Params
+from epp.picker.scheduling.picker_config import PickerConfig, load_config
 from epp.picker.scheduling.plugins import PLUGINS, OtherPlugin, Plugin, PluginKind
 from epp.picker.scheduling.policies import POLICY_NAMES, policy_config_text, policy_scheduler
 from epp.picker.scheduling.state import SchedulerState

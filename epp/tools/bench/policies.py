@@ -12,9 +12,9 @@ from __future__ import annotations
 from epp.errors import ConfigError
 from epp.picker.admission import Admission, build_admission, detector_config
 from epp.picker.flowcontrol import FlowControl, build_flow_control
-from epp.picker.flowcontrol.config import flow_control_settings
+from epp.picker.flowcontrol.config_section import flow_control_settings
 from epp.picker.scheduling.build import build_scheduler
-from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.policies import POLICY_NAMES, policy_config_text
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import Scheduler

@@ -16,7 +16,7 @@ from epp.errors import ConfigError
 from epp.picker.datastore.types import FailureMode
 from epp.picker.extproc.stream import BodyMode
 from epp.picker.sources.file import parse_pool_file
-from epp.tools.envoy.config import (
+from epp.tools.envoy.bootstrap import (
     BODY_MODES,
     EnvoyOptions,
     EppEndpoint,

@@ -13,8 +13,8 @@ from epp.operator.adapters.preload import Preloader
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics
 from epp.picker.scheduling.build import build_scheduler_from_config
-from epp.picker.scheduling.config import load_config
 from epp.picker.scheduling.framework import ProfileScheduler, record_routed
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.policies import policy_config_text
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest

@@ -7,7 +7,7 @@ import pytest
 from epp.errors import ConfigError, EppError, ErrorCode
 from epp.picker.admission import SHED_MESSAGE, SaturationLevel, build_admission
 from epp.picker.datastore.types import Criticality, EndpointState
-from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import endpoint_state, snapshot_of
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from epp.cli import main
-from epp.serve.config import ServeSettings
+from epp.serve.settings import ServeSettings
 
 POOL = """\
 apiVersion: inference.networking.k8s.io/v1

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from epp.tools.envoy.config import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
+from epp.tools.envoy.bootstrap import EnvoyOptions, HostPort, RoutingMode, build_bootstrap, render_yaml
 from epp.tools.envoy.process import EnvoyProcess, EnvoyStartError, find_envoy
 
 

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from epp.picker.datastore.types import FailureMode
-from epp.tools.envoy.config import EnvoyOptions, HostPort, Upstream, build_bootstrap, render_yaml
+from epp.tools.envoy.bootstrap import EnvoyOptions, HostPort, Upstream, build_bootstrap, render_yaml
 from epp.tools.envoy.profiles import GATEWAY_PROCESSING_MODE, PROFILES, Gateway, apply_profile
 from tests.support.envoy_validation import validate_config
 

@@ -31,7 +31,7 @@ from epp.picker.observability.decisions import DecisionLog
 from epp.picker.observability.metrics import MAX_FAIRNESS_LABELS, OTHER_FAIRNESS_LABEL, EppMetrics
 from epp.picker.observability.observer import Observer
 from epp.picker.scheduling.build import build_scheduler_from_config
-from epp.picker.scheduling.config import load_config
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.policies import policy_config_text
 from epp.picker.scheduling.types import LLMRequest, Scheduler
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore, scrape_lora_slots

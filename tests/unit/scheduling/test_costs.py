@@ -10,9 +10,9 @@ import pytest
 from epp.picker.datastore.types import EndpointState
 from epp.picker.lifecycle import RequestLife
 from epp.picker.scheduling.build import MAX_SCORED_ENDPOINTS, build_scheduler, build_scheduler_from_config
-from epp.picker.scheduling.config import load_config
 from epp.picker.scheduling.costs import CostEstimator, CostPriors, Tier
 from epp.picker.scheduling.framework import ProfileScheduler, record_routed
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from epp.picker.scheduling.types import LLMRequest
 from tests.unit.scheduling.helpers import config_text, endpoint_state, snapshot_of

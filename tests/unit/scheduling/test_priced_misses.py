@@ -8,10 +8,10 @@ import pytest
 from epp.errors import ConfigError
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.build import MAX_SCORED_ENDPOINTS, build_scheduler, build_scheduler_from_config
-from epp.picker.scheduling.config import load_config
 from epp.picker.scheduling.costs import Tier
 from epp.picker.scheduling.framework import ProfileScheduler, record_routed
 from epp.picker.scheduling.inflight import InflightTracker
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.scorers.adapter_affinity import AdapterAffinityScorer
 from epp.picker.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from epp.picker.scheduling.types import LLMRequest

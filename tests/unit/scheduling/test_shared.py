@@ -13,10 +13,10 @@ import pytest
 
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.build import build_scheduler_from_config
-from epp.picker.scheduling.config import load_config
 from epp.picker.scheduling.framework import ProfileScheduler, record_routed
 from epp.picker.scheduling.inflight import Flight
 from epp.picker.scheduling.ledger import RoutingLedger
+from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.shared import PeerBatch, PeerReplicator, PeerRouted
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest, SchedulingResult

@@ -8,7 +8,7 @@ say what and where. Weights are floats (v1.4+); integers are accepted too.
 
 The `flowControl` section is read here in full, whether or not the `flowControl` feature gate
 turns it on: a typo fails at start-up either way, not on the day someone flips the gate. What
-it means for the queues (defaults, the capacity gate) is `epp.picker.flowcontrol.config`'s job;
+it means for the queues (defaults, the capacity gate) is `epp.picker.flowcontrol.config_section`'s job;
 see there for which upstream keys are applied and which are refused.
 """
 

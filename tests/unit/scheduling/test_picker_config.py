@@ -6,8 +6,8 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler, build_scheduler_from_config
-from epp.picker.scheduling.config import load_config, weights_from_scoring_weights
 from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.scheduling.picker_config import load_config, weights_from_scoring_weights
 from epp.picker.scheduling.plugins import PluginKind
 
 # A LoRA-first EndpointPickerConfig as a user writes one.

@@ -10,7 +10,7 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.picker.extproc.stream import BodyMode
-from epp.serve.config import ServeSettings, configure_parser, settings_from_args
+from epp.serve.settings import ServeSettings, configure_parser, settings_from_args
 
 PEER_TLS = [
     "--peer-tls-ca",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from epp.errors import ConfigError
 from epp.picker.admission import build_admission
-from epp.picker.flowcontrol.config import flow_control_detector, flow_control_settings
+from epp.picker.flowcontrol.config_section import flow_control_detector, flow_control_settings
 from epp.picker.flowcontrol.settings import (
     DEFAULT_DRAIN_AFTER_S,
     BandSettings,
@@ -18,7 +18,7 @@ from epp.picker.flowcontrol.settings import (
     FlowControlSettings,
 )
 from epp.picker.scheduling.build import build_scheduler
-from epp.picker.scheduling.config import load_config, parse_quantity
+from epp.picker.scheduling.picker_config import load_config, parse_quantity
 
 GI = 1024**3
 
@@ -468,7 +468,7 @@ def test_any_section_round_trips_to_the_same_settings(section: dict[str, object]
 def test_the_default_policy_and_an_llminferenceservice_config_run_the_same_flow_control() -> None:
     """`epp serve`'s default and the controller's scoringWeights config both queue in the EPP, gated
     on LoRA slots, with the same policies."""
-    from epp.picker.scheduling.config import weights_from_scoring_weights
+    from epp.picker.scheduling.picker_config import weights_from_scoring_weights
     from epp.picker.scheduling.policies import policy_config_text
 
     default_text = policy_config_text("default")

@@ -1,6 +1,6 @@
 """Flow control's settings from an EndpointPickerConfig, as upstream's `flowControl` section means them.
 
-The loader (`epp.picker.scheduling.config`) checks the section's shape whether or not the gate is
+The loader (`epp.picker.scheduling.picker_config`) checks the section's shape whether or not the gate is
 on; this module gives it meaning: the gate, upstream's defaults, the policies each band runs and
 the capacity gate the detector plugin picks.
 
@@ -44,7 +44,7 @@ from epp.picker.flowcontrol.settings import (
     Capacity,
     FlowControlSettings,
 )
-from epp.picker.scheduling.config import PickerConfig, PriorityBandSpec
+from epp.picker.scheduling.picker_config import PickerConfig, PriorityBandSpec
 from epp.picker.scheduling.plugins import LORA_CAPACITY_DETECTOR
 
 __all__ = ["flow_control_detector", "flow_control_settings"]

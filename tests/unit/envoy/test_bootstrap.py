@@ -14,7 +14,7 @@ from epp.errors import ConfigError
 from epp.picker import wire
 from epp.picker.datastore.types import FailureMode
 from epp.picker.extproc.stream import BodyMode
-from epp.tools.envoy.config import (
+from epp.tools.envoy.bootstrap import (
     BODY_MODES,
     FALLBACK_CLUSTER,
     PICKED_CLUSTER,
