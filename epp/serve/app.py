@@ -29,13 +29,13 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 
 from epp.clock import Clock, SystemClock
 from epp.errors import ConfigError, EppError, ErrorCode
-from epp.operator.adapters.catalog import FileCatalog
-from epp.operator.adapters.hold import hold_for_adapter
-from epp.operator.adapters.loader import AdapterLoader
-from epp.operator.adapters.observe import AdapterCollector, AdapterParts, adapters_route
-from epp.operator.adapters.preload import Preloader
-from epp.operator.adapters.push import AdapterStatePush
-from epp.operator.adapters.unload import ColdAdapterUnloader
+from epp.picker.adapters.catalog import FileCatalog
+from epp.picker.adapters.hold import hold_for_adapter
+from epp.picker.adapters.loader import AdapterLoader
+from epp.picker.adapters.observe import AdapterCollector, AdapterParts, adapters_route
+from epp.picker.adapters.preload import Preloader
+from epp.picker.adapters.push import AdapterStatePush
+from epp.picker.adapters.unload import ColdAdapterUnloader
 from epp.picker.datastore.store import Datastore
 from epp.picker.director import Director, admit_all
 from epp.picker.extproc.accesslog import AccessLogReceiver

@@ -27,10 +27,10 @@ from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode
 from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock, SystemClock
 from epp.errors import EppError
-from epp.operator.adapters.catalog import Catalog
-from epp.operator.adapters.hold import hold_for_adapter
-from epp.operator.adapters.loader import REASON_FAILED, REASON_TIMEOUT, AdapterLoader
-from epp.operator.adapters.preload import Preloader
+from epp.picker.adapters.catalog import Catalog
+from epp.picker.adapters.hold import hold_for_adapter
+from epp.picker.adapters.loader import REASON_FAILED, REASON_TIMEOUT, AdapterLoader
+from epp.picker.adapters.preload import Preloader
 from epp.picker.datastore.types import InferenceModel, Metrics
 from epp.picker.director import Director
 from epp.picker.extproc.stream import Pending, StreamHandler, StreamOptions

@@ -18,7 +18,7 @@ import pytest
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.clock import SystemClock
-from epp.operator.adapters.sidecar_client import SidecarWatcher
+from epp.picker.adapters.sidecar_client import SidecarWatcher
 from epp.tools.localstack import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

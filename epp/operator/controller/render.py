@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epp.operator.adapters.catalog import Catalog
 from epp.operator.controller.spec import (
     API_VERSION,
     KIND,
@@ -35,6 +34,7 @@ from epp.operator.controller.spec import (
     ServiceSpec,
     SourceKind,
 )
+from epp.picker.adapters.catalog import Catalog
 from epp.picker.scheduling.picker_config import weights_from_scoring_weights
 
 Obj = dict[str, Any]

@@ -24,7 +24,7 @@ import grpc
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.clock import Clock
-from epp.operator.adapters.loader import ALREADY_LOADED, LOAD_PATH, MODELS_PATH, UNLOAD_PATH, server_message
+from epp.picker.adapters.loader import ALREADY_LOADED, LOAD_PATH, MODELS_PATH, UNLOAD_PATH, server_message
 from epp.picker.scrape.parse import MetricsParseError, parse_metrics
 
 log = logging.getLogger(__name__)

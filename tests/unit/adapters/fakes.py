@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from epp.clock import FakeClock
-from epp.operator.adapters.catalog import Catalog
-from epp.operator.adapters.loader import Key, SidecarCallError
+from epp.picker.adapters.catalog import Catalog
+from epp.picker.adapters.loader import Key, SidecarCallError
 from epp.picker.datastore.types import AdapterState
 
 

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from epp.errors import ConfigError
-from epp.operator.adapters.catalog import Catalog, FileCatalog, parse_catalog
+from epp.picker.adapters.catalog import Catalog, FileCatalog, parse_catalog
 
 
 def test_round_trip() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from epp.clock import FakeClock
 from epp.errors import EppError
-from epp.operator.adapters.catalog import Catalog
-from epp.operator.adapters.loader import REASON_FAILED, AdapterLoader, SidecarCallError
+from epp.picker.adapters.catalog import Catalog
+from epp.picker.adapters.loader import REASON_FAILED, AdapterLoader, SidecarCallError
 from tests.unit.adapters.fakes import CatalogFile, FakePods
 
 # Nothing listens here: a loader that reached for HTTP would fail.

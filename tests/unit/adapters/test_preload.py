@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from epp.clock import FakeClock
-from epp.operator.adapters.catalog import Catalog
-from epp.operator.adapters.loader import AdapterLoader, SidecarCallError
-from epp.operator.adapters.preload import Preloader
+from epp.picker.adapters.catalog import Catalog
+from epp.picker.adapters.loader import AdapterLoader, SidecarCallError
+from epp.picker.adapters.preload import Preloader
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics
 from epp.picker.scheduling.build import build_scheduler_from_config

@@ -14,7 +14,7 @@ import pytest
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.clock import SystemClock
-from epp.operator.adapters.push import MAX_ADAPTERS_PER_STATE, AdapterStatePush
+from epp.picker.adapters.push import MAX_ADAPTERS_PER_STATE, AdapterStatePush
 from epp.picker.datastore.store import Datastore
 from tests.unit.fake_scheduler import pool_datastore
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from epp.clock import FakeClock
-from epp.operator.adapters.catalog import Catalog
-from epp.operator.adapters.loader import AdapterLoader, SidecarCallError
-from epp.operator.adapters.unload import ColdAdapterUnloader, Unloaded
+from epp.picker.adapters.catalog import Catalog
+from epp.picker.adapters.loader import AdapterLoader, SidecarCallError
+from epp.picker.adapters.unload import ColdAdapterUnloader, Unloaded
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Metrics
 from epp.picker.scheduling.state import SchedulerState

@@ -25,8 +25,8 @@ import grpc
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.clock import Clock
-from epp.operator.adapters.loader import SidecarCallError
-from epp.operator.adapters.sidecar_client import SidecarWatcher
+from epp.picker.adapters.loader import SidecarCallError
+from epp.picker.adapters.sidecar_client import SidecarWatcher
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import AdapterState, Endpoint, format_address
 

@@ -25,8 +25,8 @@ import random
 
 from epp.clock import Clock
 from epp.errors import EppError
-from epp.operator.adapters.catalog import Catalog
-from epp.operator.adapters.loader import AdapterLoader, Key
+from epp.picker.adapters.catalog import Catalog
+from epp.picker.adapters.loader import AdapterLoader, Key
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.state import SchedulerState

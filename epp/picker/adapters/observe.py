@@ -15,10 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from epp.clock import Clock
-from epp.operator.adapters.loader import AdapterLoader
-from epp.operator.adapters.preload import Preloader
-from epp.operator.adapters.push import AdapterStatePush
-from epp.operator.adapters.unload import ColdAdapterUnloader
+from epp.picker.adapters.loader import AdapterLoader
+from epp.picker.adapters.preload import Preloader
+from epp.picker.adapters.push import AdapterStatePush
+from epp.picker.adapters.unload import ColdAdapterUnloader
 
 
 @dataclass(frozen=True, slots=True)

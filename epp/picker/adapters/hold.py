@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from epp.operator.adapters.loader import AdapterLoader
+from epp.picker.adapters.loader import AdapterLoader
 from epp.picker.lifecycle import RequestLife
 
 

@@ -18,14 +18,14 @@ scheduling stays pure and only this request's stream waits; other streams run on
   `adapter-load-failed` (the server refused or is unreachable; its own message quoted) or
   `adapter-load-timeout`. Nothing else changes: other requests and other adapters go on.
 
-- With sidecar push state (`pods`, see `epp.operator.adapters.push`) the pod's registered set comes
+- With sidecar push state (`pods`, see `epp.picker.adapters.push`) the pod's registered set comes
   from its last pushed State (a registered adapter costs no I/O at all), and loads and
   unloads go through the sidecar's `Load`/`Unload` while its stream is up, else over HTTP.
 
 The loader remembers which adapters it loaded itself (`owned()`: on demand or by preload)
 and when a request for each was last routed to each pod (`last_routed`); adapters a pod
 already had (static `--lora-modules`, or loaded by anyone else) are never owned, so the
-cold-adapter unloader (`epp.operator.adapters.unload`) never touches them. A request that arrives
+cold-adapter unloader (`epp.picker.adapters.unload`) never touches them. A request that arrives
 while its adapter is being unloaded from its pod waits for the unload, then loads it again.
 """
 
@@ -45,7 +45,7 @@ import aiohttp
 
 from epp.clock import Clock
 from epp.errors import EppError, ErrorCode
-from epp.operator.adapters.catalog import Catalog
+from epp.picker.adapters.catalog import Catalog
 from epp.picker.datastore.types import AdapterState
 
 log = logging.getLogger(__name__)

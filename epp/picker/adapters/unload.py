@@ -25,7 +25,7 @@ from typing import Literal
 
 from epp.clock import Clock
 from epp.errors import EppError
-from epp.operator.adapters.loader import AdapterLoader, Key, Origin
+from epp.picker.adapters.loader import AdapterLoader, Key, Origin
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import EndpointState
 from epp.picker.scheduling.state import SchedulerState
