@@ -3,15 +3,24 @@
 The controller handles a dozen kinds (core, apps, rbac and custom resources) the same way,
 so it talks JSON to their REST paths through `ApiClient` (configuration, auth, TLS and
 retries stay the official client's) instead of one typed API class per kind.
+
+`KubeApi` blocks; `AsyncKubeApi` offers the same calls to code on an asyncio loop (each
+call runs in `asyncio.to_thread`) plus a watch that stops promptly when cancelled, and
+`list_then_watch` is one list-then-watch pass over a resource, the building block of a
+controller's resync loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Iterator, Mapping
+import socket
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
@@ -61,6 +70,11 @@ class KubeApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+# What a call may raise when the API server says no or cannot be reached: callers that retry
+# later catch these (and only these), so a bug in their own code still surfaces.
+API_ERRORS: tuple[type[Exception], ...] = (KubeApiError, OSError, urllib3.exceptions.HTTPError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +167,16 @@ class KubeApi:
         Raises `KubeApiError` (410 when the version is too old: relist) on an error status
         or an ERROR event.
         """
+        return _watch_events(self.open_watch(ref, namespace, resource_version, timeout_s))
+
+    def open_watch(
+        self, ref: ResourceRef, namespace: str, resource_version: str, timeout_s: int
+    ) -> urllib3.BaseHTTPResponse:
+        """The open watch stream (read it with `watch`'s events); the server ends it after `timeout_s`.
+
+        The read timeout is `timeout_s` plus the request timeout: a watch may stay silent
+        until the server ends it.
+        """
         query = [
             ("watch", "true"),
             ("resourceVersion", resource_version),
@@ -166,22 +190,13 @@ class KubeApi:
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
-        response = self._api.rest_client.pool_manager.request(
+        response: urllib3.BaseHTTPResponse = self._api.rest_client.pool_manager.request(
             "GET", url, headers=headers, preload_content=False, timeout=self._timeout_s + timeout_s
         )
-        try:
-            if response.status != 200:
-                raise KubeApiError(int(response.status), "watch refused")
-            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]  # untyped upstream
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    raise KubeApiError(int(obj.get("code", 500)), str(obj.get("message", "")))
-                yield str(event.get("type")), dict(obj)
-        finally:
+        if response.status != 200:
             response.release_conn()
+            raise KubeApiError(int(response.status), "watch refused")
+        return response
 
     def create(self, obj: Mapping[str, Any]) -> Obj:
         namespace = str(obj["metadata"]["namespace"])
@@ -202,3 +217,116 @@ class KubeApi:
     def patch_status(self, ref: ResourceRef, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
         path = f"{ref.collection_path(namespace)}/{name}/status"
         return self._call("PATCH", path, body={"status": dict(status)}, patch=True)
+
+
+def _watch_events(response: urllib3.BaseHTTPResponse) -> Generator[tuple[str, Obj], None, None]:
+    try:
+        for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]  # untyped upstream
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            obj = event.get("object") or {}
+            if event.get("type") == "ERROR":
+                raise KubeApiError(int(obj.get("code", 500)), str(obj.get("message", "")))
+            yield str(event.get("type")), dict(obj)
+    finally:
+        response.release_conn()
+
+
+def _shut_down(response: urllib3.BaseHTTPResponse) -> None:
+    """Unblock a thread reading `response` by shutting its socket down."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+_END_OF_STREAM: Any = object()
+
+
+class AsyncKubeApi:
+    """`KubeApi`'s calls for code on an asyncio loop.
+
+    The official client blocks, so each call runs in `asyncio.to_thread`; the loop keeps
+    the control flow and every result comes back to it. Cancelling a call abandons its
+    answer (the thread finishes within the request timeout); cancelling a `watch` also
+    shuts its stream down, so the thread reading it ends at once.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient, request_timeout_s: float = 10.0) -> None:
+        self._api = KubeApi(api_client, request_timeout_s)
+
+    async def get(self, ref: ResourceRef, namespace: str, name: str) -> Obj | None:
+        return await asyncio.to_thread(self._api.get, ref, namespace, name)
+
+    async def list(self, ref: ResourceRef, namespace: str, label_selector: str = "") -> Objs:
+        return await asyncio.to_thread(self._api.list, ref, namespace, label_selector)
+
+    async def list_with_version(
+        self, ref: ResourceRef, namespace: str, label_selector: str = ""
+    ) -> tuple[Objs, str]:
+        """The items and the list's resourceVersion (where a watch resumes)."""
+        return await asyncio.to_thread(self._api.list_with_version, ref, namespace, label_selector)
+
+    async def watch(
+        self, ref: ResourceRef, namespace: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """(event type, object) from `resource_version` until the server ends the watch.
+
+        Raises as `KubeApi.watch` does. Each event is read in a thread and handed back, one
+        at a time, so a slow consumer holds the stream back instead of piling events up.
+        """
+        response = await asyncio.to_thread(self._api.open_watch, ref, namespace, resource_version, timeout_s)
+        events = _watch_events(response)
+        try:
+            while True:
+                event = await asyncio.to_thread(next, events, _END_OF_STREAM)
+                if event is _END_OF_STREAM:
+                    return
+                yield event
+        except asyncio.CancelledError:
+            # A thread is reading the stream: shutting the socket down ends that read at once
+            # (the stream's own cleanup then runs in the thread), and the dead connection is
+            # never reused.
+            _shut_down(response)
+            raise
+        except GeneratorExit:
+            # Abandoned between events: nothing is reading, so close the stream here.
+            _shut_down(response)
+            events.close()
+            raise
+
+    async def create(self, obj: Mapping[str, Any]) -> Obj:
+        return await asyncio.to_thread(self._api.create, obj)
+
+    async def patch(self, ref: ResourceRef, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj:
+        return await asyncio.to_thread(self._api.patch, ref, namespace, name, patch)
+
+    async def delete(self, ref: ResourceRef, namespace: str, name: str) -> bool:
+        return await asyncio.to_thread(self._api.delete, ref, namespace, name)
+
+    async def patch_status(
+        self, ref: ResourceRef, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Obj:
+        return await asyncio.to_thread(self._api.patch_status, ref, namespace, name, status)
+
+
+LISTED = "LISTED"  # the event type `list_then_watch` gives each object of the list
+
+
+async def list_then_watch(
+    api: AsyncKubeApi, ref: ResourceRef, namespace: str, watch_timeout_s: int
+) -> AsyncIterator[tuple[str, Obj]]:
+    """One pass over `ref` in `namespace`: every object listed, then every change after the list.
+
+    Yields (`LISTED`, object) for each listed object, then the watch's (event type, object)
+    from the list's resourceVersion, so no change between the two is missed. Returns when
+    the server ends the watch after `watch_timeout_s` (the caller's resync: the next pass
+    lists everything again). Raises one of `API_ERRORS` when a call fails, `KubeApiError`
+    with status 410 when the list's version is already gone; either way the caller relists.
+    """
+    items, resource_version = await api.list_with_version(ref, namespace)
+    for obj in items:
+        yield LISTED, obj
+    async for event in api.watch(ref, namespace, resource_version, watch_timeout_s):
+        yield event
