@@ -4,6 +4,7 @@ specs and readiness behave as a user expects; a second pass writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -15,17 +16,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from epp.kube.api import KubeApi, load_api_client
+from epp.kube.api import AsyncKubeApi, load_api_client
 from epp.operator.controller.adapter_survey import AdapterSurvey
 from epp.operator.controller.reconcile import Outcome, Reconciler
 from epp.tools.localstack import pick_pod_addresses
 from tests.fakekube.plugin import KubeEnv, needs_fake
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -45,10 +47,10 @@ def brief_object(env: KubeEnv) -> dict[str, Any]:
 
 
 def reconcile(env: KubeEnv, name: str = "legal-assistants", survey: AdapterSurvey | None = None) -> Outcome:
-    reconciler = Reconciler(KubeApi(load_api_client(env.kubeconfig)), survey=survey)
+    reconciler = Reconciler(AsyncKubeApi(load_api_client(env.kubeconfig)), survey=survey)
     current = env.get(LLMIS, "LLMInferenceService", env.namespace, name)
     assert current is not None
-    return reconciler.reconcile(current)
+    return asyncio.run(reconciler.reconcile(current))
 
 
 def owned(env: KubeEnv) -> dict[str, dict[str, Any]]:
@@ -282,7 +284,9 @@ def test_every_call_is_granted_by_the_controller_role(kube: KubeEnv) -> None:
     obj["spec"]["replicas"] = "bad"
     kube.put(obj)
     reconcile(kube)
-    Reconciler(KubeApi(load_api_client(kube.kubeconfig))).reconcile_namespace(kube.namespace)
+    asyncio.run(
+        Reconciler(AsyncKubeApi(load_api_client(kube.kubeconfig))).reconcile_namespace(kube.namespace)
+    )
     used = {(c.group, c.resource, c.verb) for c in fake.calls}
     assert {"create", "patch", "delete", "list", "get"} <= {verb for _, _, verb in used}
     assert used <= granted_by_role(), sorted(used - granted_by_role())
@@ -322,15 +326,6 @@ def test_epp_controller_command_reconciles_the_namespace(kube: KubeEnv) -> None:
     assert "InferencePool/legal-assistants" in owned(kube)
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, within_s: float = 15.0) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {within_s}s")
-
-
 def test_the_running_controller_follows_creates_and_edits_and_stops_on_sigterm(kube: KubeEnv) -> None:
     process = subprocess.Popen(
         [
@@ -342,7 +337,7 @@ def test_the_running_controller_follows_creates_and_edits_and_stops_on_sigterm(k
     )
     try:
         kube.put(brief_object(kube))
-        _wait_for(lambda: "InferencePool/legal-assistants" in owned(kube), "objects created")
+        wait_until(lambda: "InferencePool/legal-assistants" in owned(kube), "objects created")
         obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
         assert obj is not None
         obj["spec"]["replicas"] = 2
@@ -352,13 +347,54 @@ def test_the_running_controller_follows_creates_and_edits_and_stops_on_sigterm(k
             deployment = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
             return deployment is not None and deployment["spec"]["replicas"] == 2
 
-        _wait_for(scaled, "scale-out applied")
+        wait_until(scaled, "scale-out applied")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
         if kube.fake is not None:  # every call the running controller made is granted
             used = {(c.group, c.resource, c.verb) for c in kube.fake.calls}
             assert ("inference.llm-d.ai", "llminferenceservices", "watch") in used
             assert used <= granted_by_role(), sorted(used - granted_by_role())
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def _replicas(kube: KubeEnv) -> int | None:
+    deployment = kube.get("apps/v1", "Deployment", kube.namespace, "legal-assistants")
+    return None if deployment is None else int(deployment["spec"]["replicas"])
+
+
+def test_sigterm_mid_watch_ends_the_controller_at_once_with_exit_0(kube: KubeEnv) -> None:
+    fake = needs_fake(kube)
+    kube.put(brief_object(kube))
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "epp", "controller", "--kubeconfig", kube.kubeconfig),
+            *("--namespace", kube.namespace, "--resync-period", "300s"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: _replicas(kube) == 6, "first pass reconciled")
+        wait_until(lambda: fake.open_watches >= 1, "controller watching")
+        # History expires mid-watch: the controller relists and still follows edits.
+        fake.expire_watches()
+        obj = kube.get(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
+        assert obj is not None
+        obj["spec"]["replicas"] = 3
+        kube.put(obj)
+        wait_until(lambda: _replicas(kube) == 3, "edit after 410 Gone applied")
+        wait_until(lambda: fake.open_watches >= 1, "controller watching again")
+        signalled_at = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert time.monotonic() - signalled_at < 5.0  # not the 300 s the watch would last
+        assert process.stderr is not None
+        assert b"Traceback" not in process.stderr.read()
     finally:
         if process.poll() is None:
             process.kill()
@@ -425,7 +461,7 @@ def test_deleting_the_service_collects_everything_it_made_and_nothing_else(kube:
     for obj in users:
         kube.put(obj | {"metadata": {**obj["metadata"], "namespace": kube.namespace}})
     assert kube.delete(LLMIS, "LLMInferenceService", kube.namespace, "legal-assistants")
-    _wait_for(lambda: not made & set(owned(kube)), "owned objects collected", within_s=30)
+    wait_until(lambda: not made & set(owned(kube)), "owned objects collected", within_s=30)
     assert set(owned(kube)) == {"ConfigMap/users-own", "InferenceModel/users-model"}
 
 
@@ -462,7 +498,7 @@ def model_server_pods() -> Iterator[list[tuple[str, int]]]:
         hung.bind((hosts[2], port))
         hung.listen(8)
         for host in hosts[:2]:
-            _wait_for(lambda h=host: _answers(f"http://{h}:{port}/health"), f"sim on {host}")  # type: ignore[misc]
+            wait_until(lambda h=host: _answers(f"http://{h}:{port}/health"), f"sim on {host}")  # type: ignore[misc]
         yield [(host, port) for host in hosts]
     finally:
         hung.close()
@@ -529,26 +565,23 @@ def test_status_counts_the_catalogue_adapters_the_ready_pods_loaded(
         kube.put(_pod(name, ip, port, kube.namespace, ready=ready))
     kube.put(_pod("pod-starting", b, port, kube.namespace, ready=False))
     survey = AdapterSurvey(timeout_s=0.5)
-    try:
-        reconcile(kube, survey=survey)
-        assert _adapter_status(kube) == {
-            "desired": 2,
-            "loaded": 0,
-            "loadedNames": [],
-            "readyPods": 3,  # the starting pod is not asked
-            "reportingPods": 2,  # the hung pod counts as holding nothing
-            "summary": "0/2",
-        }
-        _load_adapter(a, port, "legal-assistant-v2", "legal-lora")  # as the EPP loads on demand
-        _load_adapter(b, port, "not-in-the-catalogue", "other-lora")
-        reconcile(kube, survey=survey)
-        status = _adapter_status(kube)
-        assert (status["loadedNames"], status["summary"]) == (["legal-assistant-v2"], "1/2")
-        _load_adapter(b, port, "legal-assistant-v2", "legal-lora")  # on a second pod: still one adapter
-        reconcile(kube, survey=survey)
-        assert _adapter_status(kube)["summary"] == "1/2"
-    finally:
-        survey.close()
+    reconcile(kube, survey=survey)
+    assert _adapter_status(kube) == {
+        "desired": 2,
+        "loaded": 0,
+        "loadedNames": [],
+        "readyPods": 3,  # the starting pod is not asked
+        "reportingPods": 2,  # the hung pod counts as holding nothing
+        "summary": "0/2",
+    }
+    _load_adapter(a, port, "legal-assistant-v2", "legal-lora")  # as the EPP loads on demand
+    _load_adapter(b, port, "not-in-the-catalogue", "other-lora")
+    reconcile(kube, survey=survey)
+    status = _adapter_status(kube)
+    assert (status["loadedNames"], status["summary"]) == (["legal-assistant-v2"], "1/2")
+    _load_adapter(b, port, "legal-assistant-v2", "legal-lora")  # on a second pod: still one adapter
+    reconcile(kube, survey=survey)
+    assert _adapter_status(kube)["summary"] == "1/2"
 
 
 def test_the_running_controller_refreshes_loaded_adapters_each_resync(
@@ -568,11 +601,11 @@ def test_the_running_controller_refreshes_loaded_adapters_each_resync(
         stderr=subprocess.PIPE,
     )
     try:
-        _wait_for(lambda: _adapter_status(kube).get("reportingPods") == 2, "first survey")
+        wait_until(lambda: _adapter_status(kube).get("reportingPods") == 2, "first survey")
         # Loading changes no Kubernetes object: only the periodic resync can notice it.
         _load_adapter(a, port, "legal-assistant-v2", "legal-lora")
         _load_adapter(b, port, "code-reviewer-xl", "code-lora")
-        _wait_for(lambda: _adapter_status(kube).get("summary") == "2/2", "both adapters seen loaded")
+        wait_until(lambda: _adapter_status(kube).get("summary") == "2/2", "both adapters seen loaded")
         assert _adapter_status(kube)["loadedNames"] == ["legal-assistant-v2", "code-reviewer-xl"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0

@@ -3,28 +3,29 @@
 The catalogue says which adapters may be served; only the pods know which ones they hold
 (with `preloadStrategy: demand` an adapter is registered when the first request names it).
 Each pod is asked `GET /v1/models` on its model-server port (vLLM lists a registered adapter
-as an entry with a `parent`). Pods are asked concurrently, each with `timeout_s`; a pod that
-does not answer in time, or answers with anything but a model list, counts as holding
-nothing, so one unreachable pod never stalls a reconcile for longer than `timeout_s` per
-`max_workers` pods.
+as an entry with a `parent`). Pods are asked concurrently on the caller's event loop, at
+most `max_concurrent` at a time, each within `timeout_s`; a pod that does not answer in
+time, or answers with anything but a model list, counts as holding nothing, so one
+unreachable pod never stalls a reconcile for longer than `timeout_s` per `max_concurrent`
+pods.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
+import aiohttp
 
 log = logging.getLogger(__name__)
 
 MODELS_PATH = "/v1/models"
 DEFAULT_TIMEOUT_S = 1.0
-DEFAULT_MAX_WORKERS = 16
+DEFAULT_MAX_CONCURRENT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,35 +84,43 @@ def registered_adapters(body: bytes) -> frozenset[str] | None:
 
 
 class AdapterSurvey:
-    """Concurrent `/v1/models` probes over one connection pool; safe to share between threads."""
+    """Concurrent `/v1/models` probes on the running event loop.
+
+    Each `survey` opens its own HTTP session and closes it before returning: a survey runs
+    once per object per resync, so keeping connections open in between buys little, and
+    the survey holds nothing tied to one event loop or that needs closing.
+    """
 
     def __init__(
         self,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_workers: int = DEFAULT_MAX_WORKERS,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
     ) -> None:
-        self._timeout = urllib3.Timeout(total=timeout_s)
-        self._http = urllib3.PoolManager(num_pools=max_workers, maxsize=1, retries=False)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="adapter-survey"
-        )
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._max_concurrent = max_concurrent
 
-    def survey(self, pods: Sequence[PodAddress]) -> dict[str, frozenset[str] | None]:
+    async def survey(self, pods: Sequence[PodAddress]) -> dict[str, frozenset[str] | None]:
         """Pod name → registered adapters, or None where the pod gave no usable answer."""
-        futures = {pod.name: self._executor.submit(self._ask, pod) for pod in pods}
-        return {name: future.result() for name, future in futures.items()}
+        if not pods:
+            return {}
+        # The semaphore, not the connector's limit, caps concurrency: a pod waiting for its turn
+        # must not spend its own `timeout_s` waiting.
+        turns = asyncio.Semaphore(self._max_concurrent)
+        connector = aiohttp.TCPConnector(limit=self._max_concurrent, force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session:
+            answers = await asyncio.gather(*(self._ask(session, turns, pod) for pod in pods))
+        return {pod.name: answer for pod, answer in zip(pods, answers, strict=True)}
 
-    def _ask(self, pod: PodAddress) -> frozenset[str] | None:
+    async def _ask(
+        self, session: aiohttp.ClientSession, turns: asyncio.Semaphore, pod: PodAddress
+    ) -> frozenset[str] | None:
         try:
-            response = self._http.request("GET", pod.models_url, timeout=self._timeout, redirect=False)
-        except (urllib3.exceptions.HTTPError, OSError) as error:
+            async with turns, session.get(pod.models_url, allow_redirects=False) as response:
+                if response.status != 200:
+                    log.debug("pod refused", extra={"pod": pod.name, "status": response.status})
+                    return None
+                body = await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("pod did not answer", extra={"pod": pod.name, "error": str(error)})
             return None
-        if response.status != 200:
-            log.debug("pod refused", extra={"pod": pod.name, "status": response.status})
-            return None
-        return registered_adapters(response.data)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
-        self._http.clear()
+        return registered_adapters(body)

@@ -4,27 +4,28 @@ Each pass lists the namespace's LLMInferenceServices, reconciles each
 (`epp.operator.controller.reconcile`), then watches from the list's resourceVersion and reconciles
 every change at once, until the watch ends after `--resync-period` and the next pass
 begins (so status, e.g. ready replicas and adapters loaded on the pods, follows within one
-period). Reconciles run on `--workers` threads, one at a time per object, so an object whose
-pods are slow to answer the adapter survey never delays another. A reconcile writes only
-what differs, so our own status writes coming back as events cost reads only. List and
-watch errors (410 Gone included) relist after a doubling backoff; a failed reconcile is
-logged and retried on the next pass. SIGTERM or SIGINT ends the loop.
+period). Everything runs on one asyncio loop: the pass is one task and reconciles run on
+`--workers` worker tasks (`workqueue`), one at a time per object, so an object whose pods
+are slow to answer the adapter survey never delays another. A reconcile writes only what
+differs, so our own status writes coming back as events cost reads only. List and watch
+errors (410 Gone included) relist after a doubling backoff; a failed reconcile is logged
+and retried on the next pass. SIGTERM or SIGINT cancels the watch at once, lets running
+reconciles finish and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
-import threading
-from types import FrameType
-
-import urllib3
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from epp.cliutil import parse_duration
 from epp.errors import ConfigError
-from epp.kube.api import KubeApi, KubeApiError, Obj, load_api_client
+from epp.kube.api import API_ERRORS, LISTED, AsyncKubeApi, Obj, list_then_watch, load_api_client
 from epp.operator.controller.adapter_survey import DEFAULT_TIMEOUT_S, AdapterSurvey
 from epp.operator.controller.reconcile import SERVICE_REF, Reconciler
 from epp.operator.controller.render import RenderSettings
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+T = TypeVar("T")
 
 
 def _positive_duration(text: str) -> float:
@@ -92,7 +96,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper())
     try:
-        api = KubeApi(load_api_client(args.kubeconfig))
+        api = AsyncKubeApi(load_api_client(args.kubeconfig))
     except ConfigError as error:
         log.error("cannot start", extra={"error": str(error)})
         return 2
@@ -104,63 +108,79 @@ def run(args: argparse.Namespace) -> int:
     )
     survey = AdapterSurvey(timeout_s=args.adapter_probe_timeout)
     reconciler = Reconciler(api, settings, survey=survey)
-    stop = threading.Event()
+    return asyncio.run(_main(api, reconciler, args))
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+async def _main(api: AsyncKubeApi, reconciler: Reconciler, args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop.set)
     try:
         if args.once:
-            return _once(reconciler, args.namespace)
-        _run_until_stopped(api, reconciler, args, stop)
+            # Stopped before the pass finished: not everything was reconciled.
+            outcome = await _unless_stopped(_once(reconciler, args.namespace), stop)
+            return 1 if outcome is None else outcome
+        await _run_until_stopped(api, reconciler, args, stop)
         return 0
     finally:
-        survey.close()
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
-def _once(reconciler: Reconciler, namespace: str) -> int:
+async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None if `stop` was set first (then `work` is cancelled)."""
+    async with asyncio.TaskGroup() as tasks:
+        job = tasks.create_task(work)
+        stopped = tasks.create_task(stop.wait())
+        await asyncio.wait({job, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        job.cancel()
+        stopped.cancel()
+    return None if job.cancelled() else job.result()
+
+
+async def _once(reconciler: Reconciler, namespace: str) -> int:
     try:
-        outcomes = reconciler.reconcile_namespace(namespace)
-    except (KubeApiError, OSError, urllib3.exceptions.HTTPError) as error:
+        outcomes = await reconciler.reconcile_namespace(namespace)
+    except API_ERRORS as error:
         log.error("listing LLMInferenceServices failed", extra={"error": str(error)})
         return 1
     return 1 if any(o.reason in ("InvalidSpec", "ApplyFailed") for o in outcomes.values()) else 0
 
 
-def _run_until_stopped(
-    api: KubeApi, reconciler: Reconciler, args: argparse.Namespace, stop: threading.Event
+async def _run_until_stopped(
+    api: AsyncKubeApi, reconciler: Reconciler, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
-    def reconcile(obj: Obj) -> None:
+    async def reconcile(obj: Obj) -> None:
         try:
-            reconciler.reconcile(obj)
-        except (KubeApiError, OSError, urllib3.exceptions.HTTPError) as error:
+            await reconciler.reconcile(obj)
+        except API_ERRORS as error:
             name = obj["metadata"]["name"]
             log.warning("reconcile failed, retried next pass", extra={"object": name, "error": str(error)})
 
     queue: WorkQueue[Obj] = WorkQueue(reconcile, args.workers)
+    watch_s = max(1, round(args.resync_period))
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(queue.run())
+        passes = tasks.create_task(_follow(api, queue, args.namespace, watch_s))
+        await stop.wait()
+        passes.cancel()
+        await queue.shutdown()
+
+
+async def _follow(api: AsyncKubeApi, queue: WorkQueue[Obj], namespace: str, watch_s: int) -> None:
+    """Pass after pass: queue every object listed and every change until the watch ends (the resync).
+
+    Returns only when cancelled; a failed pass is retried after a doubling backoff.
+    """
     backoff_s = BACKOFF_INITIAL_S
-    try:
-        while not stop.is_set():
-            try:
-                _pass(api, queue, args.namespace, max(1, round(args.resync_period)), stop)
-                backoff_s = BACKOFF_INITIAL_S
-            except (KubeApiError, OSError, urllib3.exceptions.HTTPError) as error:
-                log.warning("reconcile pass failed", extra={"error": str(error), "retry_in_s": backoff_s})
-                stop.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
-    finally:
-        queue.shutdown()
-
-
-def _pass(api: KubeApi, queue: WorkQueue[Obj], namespace: str, watch_s: int, stop: threading.Event) -> None:
-    """List and queue everything, then queue each change until the watch ends (the resync)."""
-    items, resource_version = api.list_with_version(SERVICE_REF, namespace)
-    for obj in items:
-        queue.add(str(obj["metadata"]["name"]), obj)
-    for event_type, obj in api.watch(SERVICE_REF, namespace, resource_version, watch_s):
-        if stop.is_set():
-            return
-        if event_type in ("ADDED", "MODIFIED"):
-            queue.add(str(obj["metadata"]["name"]), obj)
+    while True:
+        try:
+            async for event_type, obj in list_then_watch(api, SERVICE_REF, namespace, watch_s):
+                if event_type in (LISTED, "ADDED", "MODIFIED"):
+                    queue.add(str(obj["metadata"]["name"]), obj)
+            backoff_s = BACKOFF_INITIAL_S
+        except API_ERRORS as error:
+            log.warning("reconcile pass failed", extra={"error": str(error), "retry_in_s": backoff_s})
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)

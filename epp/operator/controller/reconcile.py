@@ -13,6 +13,9 @@ registered on at least one ready model-server pod, asked of the pods by `Adapter
 `Ready` condition with reason Available | Progressing | InvalidSpec | ApplyFailed. An
 invalid spec or a failed write also gets a Warning Event (once per distinct message) and
 changes nothing else.
+
+A reconcile is a coroutine: it waits on the API server (`AsyncKubeApi`) and the pods
+(`AdapterSurvey`) without holding the event loop, so other objects' reconciles go on.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.errors import ConfigError
-from epp.kube.api import KubeApi, KubeApiError, ResourceRef, ref_of
+from epp.kube.api import AsyncKubeApi, KubeApiError, ResourceRef, ref_of
 from epp.operator.controller.adapter_survey import AdapterSurvey, ready_model_servers
 from epp.operator.controller.render import (
     COMPONENT_LABEL,
@@ -92,7 +95,7 @@ class Outcome:
 class Reconciler:
     def __init__(
         self,
-        api: KubeApi,
+        api: AsyncKubeApi,
         settings: RenderSettings | None = None,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
         survey: AdapterSurvey | None = None,
@@ -102,15 +105,15 @@ class Reconciler:
         self._wall_clock = wall_clock
         self._survey = survey or AdapterSurvey()
 
-    def reconcile_namespace(self, namespace: str) -> dict[str, Outcome]:
+    async def reconcile_namespace(self, namespace: str) -> dict[str, Outcome]:
         """Reconcile every LLMInferenceService in `namespace`; one failing never stops the rest."""
         outcomes: dict[str, Outcome] = {}
-        for obj in self._api.list(SERVICE_REF, namespace):
+        for obj in await self._api.list(SERVICE_REF, namespace):
             name = str(obj["metadata"]["name"])
-            outcomes[name] = self.reconcile(obj)
+            outcomes[name] = await self.reconcile(obj)
         return outcomes
 
-    def reconcile(self, obj: Mapping[str, Any]) -> Outcome:
+    async def reconcile(self, obj: Mapping[str, Any]) -> Outcome:
         meta = obj["metadata"]
         owner = Owner(str(meta["name"]), str(meta["namespace"]), str(meta["uid"]))
         if meta.get("deletionTimestamp"):
@@ -120,54 +123,54 @@ class Reconciler:
             spec = parse_spec(obj.get("spec"))
         except ConfigError as error:
             message = str(error)
-            self._finish(obj, owner, None, "InvalidSpec", message, writes, warn=True)
+            await self._finish(obj, owner, None, "InvalidSpec", message, writes, warn=True)
             return Outcome(False, "InvalidSpec", message, tuple(writes))
         try:
             for desired in desired_objects(owner, spec, self._settings):
-                self._apply(desired, writes)
-            self._prune_models(owner, spec, writes)
+                await self._apply(desired, writes)
+            await self._prune_models(owner, spec, writes)
         except KubeApiError as error:
             message = f"applying owned objects failed: {error}"
-            self._finish(obj, owner, spec, "ApplyFailed", message, writes, warn=True)
+            await self._finish(obj, owner, spec, "ApplyFailed", message, writes, warn=True)
             return Outcome(False, "ApplyFailed", message, tuple(writes))
-        ready, reason, message = self._readiness(owner, spec)
-        self._finish(obj, owner, spec, reason, message, writes, warn=False)
+        ready, reason, message = await self._readiness(owner, spec)
+        await self._finish(obj, owner, spec, reason, message, writes, warn=False)
         return Outcome(ready, reason, message, tuple(writes))
 
     # -- owned objects ---------------------------------------------------------------------
 
-    def _apply(self, desired: Obj, writes: list[str]) -> None:
+    async def _apply(self, desired: Obj, writes: list[str]) -> None:
         ref = ref_of(desired)
         meta = desired["metadata"]
-        current = self._api.get(ref, meta["namespace"], meta["name"])
+        current = await self._api.get(ref, meta["namespace"], meta["name"])
         if current is None:
-            self._api.create(desired)
+            await self._api.create(desired)
             writes.append(f"create {ref.kind}/{meta['name']}")
             return
         patch = _patch_for(desired)
         if contains(current, patch):
             return
-        self._api.patch(ref, meta["namespace"], meta["name"], patch)
+        await self._api.patch(ref, meta["namespace"], meta["name"], patch)
         writes.append(f"patch {ref.kind}/{meta['name']}")
 
-    def _prune_models(self, owner: Owner, spec: ServiceSpec, writes: list[str]) -> None:
+    async def _prune_models(self, owner: Owner, spec: ServiceSpec, writes: list[str]) -> None:
         wanted = {spec.model, *(a.name for a in spec.adapters.items)}
         selector = f"{SERVICE_LABEL}={owner.name},{COMPONENT_LABEL}=model"
-        for model in self._api.list(MODEL_REF, owner.namespace, selector):
+        for model in await self._api.list(MODEL_REF, owner.namespace, selector):
             owners = model["metadata"].get("ownerReferences") or []
             if not any(o.get("uid") == owner.uid for o in owners):
                 continue  # labelled like ours but not ours: leave it
             if (model.get("spec") or {}).get("modelName") in wanted:
                 continue
             name = str(model["metadata"]["name"])
-            if self._api.delete(MODEL_REF, owner.namespace, name):
+            if await self._api.delete(MODEL_REF, owner.namespace, name):
                 writes.append(f"delete InferenceModel/{name}")
 
     # -- status ----------------------------------------------------------------------------
 
-    def _readiness(self, owner: Owner, spec: ServiceSpec) -> tuple[bool, str, str]:
-        servers = self._api.get(DEPLOYMENT_REF, owner.namespace, owner.name) or {}
-        epp = self._api.get(DEPLOYMENT_REF, owner.namespace, epp_name(owner)) or {}
+    async def _readiness(self, owner: Owner, spec: ServiceSpec) -> tuple[bool, str, str]:
+        servers = await self._api.get(DEPLOYMENT_REF, owner.namespace, owner.name) or {}
+        epp = await self._api.get(DEPLOYMENT_REF, owner.namespace, epp_name(owner)) or {}
         ready_servers = int((servers.get("status") or {}).get("readyReplicas") or 0)
         ready_epp = int((epp.get("status") or {}).get("readyReplicas") or 0)
         if ready_servers >= spec.replicas and ready_epp >= 1:
@@ -178,7 +181,7 @@ class Reconciler:
             f"{ready_servers}/{spec.replicas} model servers ready, EPP ready: {ready_epp >= 1}",
         )
 
-    def _finish(
+    async def _finish(
         self,
         obj: Mapping[str, Any],
         owner: Owner,
@@ -207,33 +210,33 @@ class Reconciler:
         }
         desired: Obj = {"observedGeneration": generation, "conditions": [condition]}
         if spec is not None:
-            servers = self._api.get(DEPLOYMENT_REF, owner.namespace, owner.name) or {}
+            servers = await self._api.get(DEPLOYMENT_REF, owner.namespace, owner.name) or {}
             desired["replicas"] = spec.replicas
             desired["readyReplicas"] = int((servers.get("status") or {}).get("readyReplicas") or 0)
-            adapters = self._adapter_status(owner, spec)
+            adapters = await self._adapter_status(owner, spec)
             if adapters is not None:
                 desired["adapters"] = adapters
         if contains(status, desired):
             return
         changed_message = old is None or old.get("message") != message or old.get("reason") != reason
         try:
-            self._api.patch_status(SERVICE_REF, owner.namespace, owner.name, desired)
+            await self._api.patch_status(SERVICE_REF, owner.namespace, owner.name, desired)
             writes.append(f"patch {KIND}/{owner.name}/status")
         except KubeApiError as error:
             log.warning("status update failed", extra={"object": owner.name, "error": str(error)})
         if warn and changed_message:
-            self._warn(owner, reason, message, writes)
+            await self._warn(owner, reason, message, writes)
 
-    def _adapter_status(self, owner: Owner, spec: ServiceSpec) -> Obj | None:
+    async def _adapter_status(self, owner: Owner, spec: ServiceSpec) -> Obj | None:
         """What the ready model-server pods hold of the catalogue; None if pods cannot be listed."""
         selector = f"{SERVICE_LABEL}={owner.name},{COMPONENT_LABEL}=model-server"
         try:
-            pods = self._api.list(POD_REF, owner.namespace, selector)
+            pods = await self._api.list(POD_REF, owner.namespace, selector)
         except KubeApiError as error:
             log.warning("listing model-server pods failed", extra={"object": owner.name, "error": str(error)})
             return None
         servers = ready_model_servers(pods, self._settings.model_port)
-        answers = self._survey.survey(servers)
+        answers = await self._survey.survey(servers)
         registered: set[str] = set()
         for adapters in answers.values():
             registered |= adapters or frozenset()
@@ -248,7 +251,7 @@ class Reconciler:
             "summary": f"{len(loaded)}/{len(catalogue)}",
         }
 
-    def _warn(self, owner: Owner, reason: str, message: str, writes: list[str]) -> None:
+    async def _warn(self, owner: Owner, reason: str, message: str, writes: list[str]) -> None:
         now = self._wall_clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
@@ -271,7 +274,7 @@ class Reconciler:
             "count": 1,
         }
         try:
-            self._api.create(event)
+            await self._api.create(event)
             writes.append(f"create Event/{reason}")
         except KubeApiError as error:
             log.warning("event not recorded", extra={"object": owner.name, "error": str(error)})

@@ -1,17 +1,17 @@
-"""Run reconciles on a few threads: one at a time per object, different objects in parallel.
+"""Run reconciles on the event loop: one at a time per object, up to `workers` objects at once.
 
-A reconcile may wait on the network (the API server, the adapter survey of an object's
-pods), so objects must not queue behind each other. Work for an object that is already
-being reconciled is coalesced: only the newest item waits, and it runs right after the
-current one, so an object is never reconciled twice at once (no racing creates).
+A reconcile waits on the network (the API server, the adapter survey of an object's pods),
+so objects must not queue behind each other. Work for an object is coalesced by key: while
+the object waits for its turn or is being reconciled, only its newest item is kept, and it
+runs right after the current reconcile, so an object is never reconciled twice at once (no
+racing creates) and never with stale input.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import logging
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -20,60 +20,71 @@ T = TypeVar("T")
 
 
 class WorkQueue(Generic[T]):
-    def __init__(self, work: Callable[[T], object], workers: int) -> None:
+    """Keys waiting for a worker, and the newest item of each key not yet started.
+
+    `add` may be called at any time from the loop; `run` does the work until `shutdown`.
+    Invariant: a key is in the ready queue exactly when it has an item waiting and is not
+    being worked on, so a key never occupies two workers.
+    """
+
+    def __init__(self, work: Callable[[T], Awaitable[object]], workers: int) -> None:
         self._work = work
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="reconcile"
-        )
-        self._idle = threading.Condition()
-        self._active: set[str] = set()
-        self._pending: dict[str, T] = {}
+        self._workers = workers
+        self._ready: asyncio.Queue[str | None] = asyncio.Queue()  # None: a worker's signal to stop
+        self._newest: dict[str, T] = {}
+        self._running: set[str] = set()
+        self._closed = False
 
     def add(self, key: str, item: T) -> None:
-        """Reconcile `item` soon; if `key` is being reconciled now, after that (newest item wins)."""
-        with self._idle:
-            if key in self._active:
-                self._pending[key] = item
-                return
-            self._active.add(key)
-        future = self._executor.submit(self._drain, key, item)
-        future.add_done_callback(_report_crash)
+        """Work on `item` soon; if `key` is being worked on now, right after that (newest item wins).
 
-    def _drain(self, key: str, item: T) -> None:
-        released = False
+        Ignored after `shutdown`: the next start lists every object again.
+        """
+        if self._closed:
+            return
+        waiting = key in self._newest
+        self._newest[key] = item
+        if not waiting and key not in self._running:
+            self._ready.put_nowait(key)
+
+    async def run(self) -> None:
+        """Work with `workers` tasks until `shutdown`; returns once they have all stopped."""
+        async with asyncio.TaskGroup() as tasks:
+            for _ in range(self._workers):
+                tasks.create_task(self._worker())
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._ready.get()
+            try:
+                if key is None:
+                    return
+                if key in self._newest:  # (gone only when shutdown dropped it)
+                    await self._work_on(key, self._newest.pop(key))
+            finally:
+                self._ready.task_done()
+
+    async def _work_on(self, key: str, item: T) -> None:
+        self._running.add(key)
         try:
-            while True:
-                self._work(item)
-                with self._idle:
-                    # Checked and released under one lock hold, so no item slips in between.
-                    if key not in self._pending:
-                        self._release(key)
-                        released = True
-                        return
-                    item = self._pending.pop(key)
+            await self._work(item)
+        except Exception:  # whatever one reconcile hits must not stop the others
+            # The item is dropped: the next resync pass brings the object back.
+            log.exception("reconcile crashed", extra={"key": key})
         finally:
-            if not released:  # the work raised: the resync pass reconciles the object again
-                with self._idle:
-                    self._pending.pop(key, None)
-                    self._release(key)
+            self._running.discard(key)
+            # Put back before this item is marked done, so `join` never sees a gap.
+            if key in self._newest and not self._closed:
+                self._ready.put_nowait(key)
 
-    def _release(self, key: str) -> None:
-        """Caller holds `_idle`."""
-        self._active.discard(key)
-        self._idle.notify_all()
+    async def join(self) -> None:
+        """Wait until no item is waiting or being worked on."""
+        await self._ready.join()
 
-    def join(self, timeout_s: float | None = None) -> bool:
-        """Wait until no work is queued or running; False if `timeout_s` passed first."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._active, timeout_s)
-
-    def shutdown(self) -> None:
-        """Let running work finish; queued work for an object still runs first."""
-        self._executor.shutdown(wait=True)
-
-
-def _report_crash(future: concurrent.futures.Future[None]) -> None:
-    # The item is dropped; the next resync pass reconciles the object again.
-    error = future.exception()
-    if error is not None:
-        log.error("reconcile crashed", exc_info=error)
+    async def shutdown(self) -> None:
+        """Stop: items not yet started are dropped, running ones finish, then `run` returns."""
+        self._closed = True
+        self._newest.clear()
+        for _ in range(self._workers):
+            self._ready.put_nowait(None)
+        await self._ready.join()
