@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import socket
 from typing import Any
 
 import pytest
+from aiohttp import web
 
-from epp.operator.controller.adapter_survey import PodAddress, ready_model_servers, registered_adapters
+from epp.operator.controller.adapter_survey import (
+    MODELS_PATH,
+    AdapterSurvey,
+    PodAddress,
+    ready_model_servers,
+    registered_adapters,
+)
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
 
@@ -68,3 +77,44 @@ def test_only_ready_pods_with_an_address_are_asked(pod: dict[str, Any], expected
 
 def test_ipv6_pod_addresses_are_bracketed() -> None:
     assert PodAddress("a", "fd00::1", 8000).models_url == "http://[fd00::1]:8000/v1/models"
+
+
+async def test_survey_reads_each_pod_and_a_failing_pod_holds_nothing() -> None:
+    body = (FIXTURES / "models_startup.json").read_bytes()
+
+    async def models(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    async def busy(request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    test_over = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await test_over.wait()  # no answer while the survey waits: its timeout must end the probe
+        return web.Response(status=504)
+
+    runners: dict[str, web.AppRunner] = {}
+    try:
+        for name, handler in (("answers", models), ("busy", busy), ("hung", hang)):
+            app = web.Application()
+            app.router.add_get(MODELS_PATH, handler)
+            runners[name] = web.AppRunner(app)
+            await runners[name].setup()
+            await web.TCPSite(runners[name], "127.0.0.1", 0).start()
+        pods = [PodAddress(name, "127.0.0.1", runner.addresses[0][1]) for name, runner in runners.items()]
+        with socket.socket() as nobody_listening:
+            nobody_listening.bind(("127.0.0.1", 0))
+            pods.append(PodAddress("refused", "127.0.0.1", nobody_listening.getsockname()[1]))
+            async with asyncio.timeout(10):
+                answers = await AdapterSurvey(timeout_s=0.3, max_concurrent=2).survey(pods)
+    finally:
+        test_over.set()
+        for runner in runners.values():
+            await runner.cleanup()
+    assert answers == {
+        "answers": frozenset({"lora-0", "lora-1", "lora-2"}),
+        "busy": None,
+        "hung": None,
+        "refused": None,
+    }
