@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import pathlib
-import shutil
 import subprocess
 from typing import Any
 
@@ -18,16 +17,17 @@ import yaml
 
 from epp.errors import ConfigError
 from epp.picker.peers import PeerTlsFiles, load_peer_tls, peer_identity
-from tests.support.kube_objects import kube_tool
+from tests.deployment.tools import find, missing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "manifests" / "epp-active-active"
 SCRIPT = OVERLAY / "peer-tls.sh"
 POOL = "vllm-llama3-8b"
-KUBECTL = kube_tool("kubectl")
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None or shutil.which("openssl") is None, reason="needs kubectl and openssl"
-)
+KUBECTL = find("kubectl")
+pytestmark = [
+    pytest.mark.skipif(KUBECTL is None, reason=missing("kubectl")),
+    pytest.mark.skipif(find("openssl") is None, reason=missing("openssl")),
+]
 
 
 def made_secret(namespace: str) -> dict[str, Any]:

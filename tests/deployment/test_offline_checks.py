@@ -26,13 +26,13 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.deployment.tools import require
 from tests.support.envoy_validation import validate_config
 from tests.support.kube_objects import (
     THIRD_PARTY_GROUPS,
     get,
     group,
     is_ours,
-    kube_tool,
     ours_errors,
     schemas_of,
     third_party_errors,
@@ -41,15 +41,6 @@ from tests.support.kube_objects import (
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.30.0"
 YAML_ROOTS = ("manifests", "kind", "e2e")
-
-
-def _tool(name: str) -> str:
-    """A linter installed with the test extras (next to this interpreter), else on PATH."""
-    beside = pathlib.Path(sys.executable).with_name(name)
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: pip install -e '.[test]' brings it")
-    return found
 
 
 def _yaml_files() -> list[pathlib.Path]:
@@ -104,14 +95,15 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 def test_dockerfile_passes_hadolint() -> None:
     result = subprocess.run(
-        [_tool("hadolint"), "--no-color", "-"], input=DOCKERFILE, capture_output=True, text=True, timeout=60
+        [require("hadolint"), "--no-color", "-"], input=DOCKERFILE, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_hadolint_catches_a_bad_dockerfile() -> None:
     bad = "FROM python:latest\nRUN pip install aiohttp\n"
-    result = subprocess.run([_tool("hadolint"), "--no-color", "-"], input=bad, capture_output=True, text=True)
+    hadolint = require("hadolint")
+    result = subprocess.run([hadolint, "--no-color", "-"], input=bad, capture_output=True, text=True)
     assert result.returncode != 0
     assert "DL3007" in result.stdout  # latest tag
     assert "DL3013" in result.stdout  # unpinned pip install
@@ -419,11 +411,7 @@ def test_kustomization_references_exist(path: pathlib.Path) -> None:
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=[_rel(p) for p in KUSTOMIZATIONS])
 def test_kustomization_builds_with_kubectl(path: pathlib.Path) -> None:
-    kubectl = kube_tool("kubectl")
-    if kubectl is None:
-        pytest.skip(
-            "kubectl is not installed (the structural check above still ran; .ci/k8s_tools.sh installs it)"
-        )
+    kubectl = require("kubectl")
     result = subprocess.run(
         [kubectl, "kustomize", str(path.parent)], capture_output=True, text=True, timeout=60
     )
@@ -506,6 +494,7 @@ def test_plain_envoy_config_passes_envoy_validation() -> None:
 SHELL_SCRIPTS = sorted(
     {
         *ROOT.glob("kind/*.sh"),
+        *ROOT.glob("manifests/**/*.sh"),
         *ROOT.glob("e2e/**/*.sh"),
         *ROOT.glob(".ci/*.sh"),
         *ROOT.glob("benchmarks/**/*.sh"),
@@ -516,14 +505,15 @@ SHELL_SCRIPTS = sorted(
 
 @pytest.mark.parametrize("path", SHELL_SCRIPTS, ids=[_rel(p) for p in SHELL_SCRIPTS])
 def test_shell_script_passes_shellcheck(path: pathlib.Path) -> None:
-    result = subprocess.run([_tool("shellcheck"), "--shell=bash", str(path)], capture_output=True, text=True)
+    shellcheck = require("shellcheck")
+    result = subprocess.run([shellcheck, "--shell=bash", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 
 def test_shellcheck_catches_a_bad_script(tmp_path: pathlib.Path) -> None:
     script = tmp_path / "bad.sh"
     script.write_text("#!/usr/bin/env bash\nrm -rf $DIR/*\n")
-    result = subprocess.run([_tool("shellcheck"), str(script)], capture_output=True, text=True)
+    result = subprocess.run([require("shellcheck"), str(script)], capture_output=True, text=True)
     assert result.returncode != 0 and "SC2086" in result.stdout
 
 
@@ -650,9 +640,7 @@ def test_e2e_suite_skips_with_one_clear_line_when_no_cluster_answers(tmp_path: p
 
 
 def test_the_active_active_overlay_runs_every_replica_with_peers_it_can_reach() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
+    kubectl = require("kubectl")
     built = subprocess.run(
         [kubectl, "kustomize", str(ROOT / "manifests" / "epp-active-active")],
         capture_output=True,

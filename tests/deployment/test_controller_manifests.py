@@ -17,7 +17,7 @@ import yaml
 from epp.operator.controller.render import Owner, RenderSettings, desired_objects
 from epp.operator.controller.spec import parse_spec
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "manifests" / "controller" / "inference.llm-d.ai_llminferenceservices.yaml"
 FRAGMENTS = sorted((ROOT / "tests" / "fixtures" / "llmis").glob("*.yaml"))
 SAMPLE = ROOT / "manifests" / "controller" / "samples" / "legal-assistants.yaml"
