@@ -6,9 +6,11 @@
   EPP's parser, third-party kinds for their required fields; the EPP's arguments are ones
   `epp serve` accepts;
 - the chart renders the same objects as the kustomize manifests it stands beside (so the two
-  never drift), for the plain EPP, active-active, the sample models and each gateway provider;
-- the LLMInferenceService controller's EPP Deployment is the chart's for the values that describe
-  it (image, ports, config file, adapter flags), less its own names, labels and owner;
+  never drift), for the plain EPP and active-active with the values manifests/render.sh renders
+  them from, the sample pool and models, and each gateway provider;
+- the LLMInferenceService controller's EPP Deployment, Service, ServiceAccount, Role and
+  RoleBinding are the chart's for the values that describe them (image, ports, config file,
+  adapter flags), less the controller's own names, labels and owner;
 - bad values fail the render with a message that names the value to change.
 
 helm and kubectl come from .ci/k8s_tools.sh (or PATH); without them these tests skip."""
@@ -35,8 +37,9 @@ from epp.operator.controller.spec import parse_spec
 from epp.picker.peers import PeerTlsFiles, load_peer_tls, peer_identity
 from epp.picker.scheduling.picker_config import load_config
 from epp.serve import settings as serve_config
+from tests.deployment.tools import find, missing
 from tests.support import gateway_access_log
-from tests.support.kube_objects import kube_tool, validate
+from tests.support.kube_objects import validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "inferencepool"
@@ -46,11 +49,9 @@ RELEASE = "vllm-llama3-8b"
 POOL_LABELS = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm"}}}}
 PROVIDERS = ("none", "istio", "kgateway", "envoy-gateway")
 
-HELM = kube_tool("helm")
-KUBECTL = kube_tool("kubectl")
-pytestmark = pytest.mark.skipif(
-    HELM is None, reason="helm is not installed (bash .ci/k8s_tools.sh installs it)"
-)
+HELM = find("helm")
+KUBECTL = find("kubectl")
+pytestmark = pytest.mark.skipif(HELM is None, reason=missing("helm"))
 
 PLUGINS = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -489,7 +490,7 @@ def test_bad_values_fail_with_a_message_that_names_them(values: dict[str, Any], 
 
 def _kustomize(*paths: str) -> list[dict[str, Any]]:
     if KUBECTL is None:
-        pytest.skip("kubectl is not installed (bash .ci/k8s_tools.sh installs it)")
+        pytest.skip(missing("kubectl"))
     objects: list[dict[str, Any]] = []
     for path in paths:
         target = ROOT / path
@@ -556,32 +557,21 @@ def _sample_models_as_values() -> dict[str, Any]:
     }
 
 
-DEV_IMAGE = {"inferenceExtension": {"image": {"tag": "dev"}}}
 POOL = "manifests/samples/inferencepool.yaml"
+
+
+def rendered_from(directory: str) -> dict[str, Any]:
+    """The values manifests/render.sh renders manifests/<directory> from."""
+    values: dict[str, Any] = yaml.safe_load((ROOT / "manifests" / directory / "values.yaml").read_text())
+    return values
+
+
 KUSTOMIZE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
-    "epp": (_merge(POOL_LABELS, DEV_IMAGE), ("manifests/epp", POOL)),
-    "epp-active-active": (
-        _merge(
-            POOL_LABELS,
-            _merge(
-                DEV_IMAGE,
-                {
-                    "inferenceExtension": {
-                        "replicas": 3,
-                        # The overlay's Secret comes from peer-tls.sh, not from the build.
-                        "activeActive": {
-                            "enabled": True,
-                            "tls": {"existingSecret": f"{RELEASE}-epp-peer-tls"},
-                        },
-                    }
-                },
-            ),
-        ),
-        ("manifests/epp-active-active", POOL),
-    ),
+    "epp": (rendered_from("epp"), ("manifests/epp", POOL)),
+    "epp-active-active": (rendered_from("epp-active-active"), ("manifests/epp-active-active", POOL)),
     **{
         f"gateway-{p}": (
-            _merge(_merge(POOL_LABELS, DEV_IMAGE), provider_values(p)),
+            _merge(rendered_from("epp"), provider_values(p)),
             ("manifests/epp", POOL, f"manifests/gateway/{p}"),
         )
         for p in ("istio", "kgateway", "envoy-gateway")
