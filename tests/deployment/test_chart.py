@@ -624,18 +624,20 @@ def _controller_values(owner: controller.Owner, settings: controller.RenderSetti
     }
 
 
-def _without_owner(deployment: Mapping[str, Any]) -> dict[str, Any]:
-    """The Deployment less what legitimately differs between the chart and the controller: labels
-    and the selector (each has its own scheme; the controller's name the owning object), its owner
-    reference, the pod's annotations (the chart rolls the pods when the config changes; the
-    controller keeps adapter edits from touching the pod template) and the rollout strategy (the
-    controller states maxUnavailable 0, what Kubernetes' default gives one replica)."""
-    normal = copy.deepcopy(dict(deployment))
+def _without_owner(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The object less what legitimately differs between the chart and the controller: labels
+    and selectors (each has its own scheme; the controller's name the owning object) and the
+    owner reference; of a Deployment also the pod's annotations (the chart rolls the pods when the
+    config changes; the controller keeps adapter edits from touching the pod template) and the
+    rollout strategy (the controller states maxUnavailable 0, what Kubernetes' default gives one
+    replica)."""
+    normal = copy.deepcopy(dict(obj))
     normal["metadata"] = {"name": normal["metadata"]["name"], "namespace": normal["metadata"]["namespace"]}
-    spec = normal["spec"]
-    for key in ("selector", "strategy"):
-        spec.pop(key, None)
-    spec["template"].pop("metadata")
+    spec = normal.get("spec", {})
+    spec.pop("selector", None)
+    if normal["kind"] == "Deployment":
+        spec.pop("strategy", None)
+        spec["template"].pop("metadata")
     return normal
 
 
@@ -655,3 +657,18 @@ def test_controller_renders_the_charts_epp_deployment(case: str) -> None:
     chart = one(render(_controller_values(owner, settings), namespace=owner.namespace), "Deployment")
     assert ours["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert _without_owner(ours) == _without_owner(chart)
+
+
+@pytest.mark.parametrize("case", CONTROLLER_SETTINGS)
+def test_controller_renders_the_charts_epp_service_and_rbac(case: str) -> None:
+    settings = CONTROLLER_SETTINGS[case]
+    owner = controller.Owner(RELEASE, "team-a", "uid-1")
+    chart = render(_controller_values(owner, settings), namespace=owner.namespace)
+    ours = [controller.epp_service(owner, settings), *controller.epp_rbac(owner)]
+    assert [o["kind"] for o in ours] == ["Service", "ServiceAccount", "Role", "RoleBinding"]
+    for obj in ours:
+        twin = one(chart, obj["kind"], obj["metadata"]["name"])
+        assert _without_owner(obj) == _without_owner(twin), f"{obj['kind']} differs from the chart's"
+    service = ours[0]
+    pod = controller.epp_deployment(owner, settings)["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()

@@ -1,5 +1,7 @@
 """The LLMInferenceService CRD admits every brief fragment (OpenAPI schema and CEL rules) and
-rejects bad shapes; the objects the controller renders are valid Kubernetes objects."""
+rejects bad shapes; the objects the controller renders are valid Kubernetes objects, and the
+controller's own Role holds every right of the EPP Role it creates (Kubernetes refuses a Role
+that grants more than its creator holds)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from epp.operator.controller.render import Owner, RenderSettings, desired_objects
+from epp.operator.controller.render import Owner, RenderSettings, desired_objects, epp_rbac
 from epp.operator.controller.spec import parse_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "manifests" / "controller" / "inference.llm-d.ai_llminferenceservices.yaml"
+CONTROLLER_ROLE = ROOT / "manifests" / "controller" / "role.yaml"
 FRAGMENTS = sorted((ROOT / "tests" / "fixtures" / "llmis").glob("*.yaml"))
 SAMPLE = ROOT / "manifests" / "controller" / "samples" / "legal-assistants.yaml"
 KUBERNETES_VERSION = "1.30.0"
@@ -164,3 +167,21 @@ def test_rendered_objects_are_valid_kubernetes_objects(strategy_and_sources: tup
             jsonschema.Draft7Validator(crd_schemas[key]).validate(obj)
         else:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def _granted(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_controller_holds_every_right_it_grants_the_epp() -> None:
+    (controller_role,) = _load(CONTROLLER_ROLE)
+    (epp_role,) = [o for o in epp_rbac(Owner("legal", "ns", "uid-1")) if o["kind"] == "Role"]
+    assert _granted(epp_role) - _granted(controller_role) == set(), (
+        "the EPP Role grants what manifests/controller/role.yaml does not hold: the API server refuses it"
+    )

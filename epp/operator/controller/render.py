@@ -8,7 +8,7 @@ What one object becomes (all named after it, all owned by it so deleting it dele
     InferencePool <name>         selects those pods; its endpoint picker is <name>-epp
     InferenceModel <name>-<a>    one per adapter (and one for the base model)
     ConfigMap <name>-epp         scheduler.yaml (EndpointPickerConfig from `routing`), adapters.yaml
-    ServiceAccount/Role/RoleBinding <name>-epp   least privilege for the EPP
+    ServiceAccount/Role/RoleBinding <name>-epp   the chart's rights for the EPP
     Deployment <name>-epp, Service <name>-epp    the EPP, reading the ConfigMap
 
 Zero-downtime edits: both Deployments roll with maxUnavailable 0. With preloadStrategy
@@ -286,6 +286,11 @@ def epp_config_map(owner: Owner, spec: ServiceSpec) -> Obj:
 
 
 def epp_rbac(owner: Owner) -> list[Obj]:
+    """The chart's ServiceAccount, Role and RoleBinding for the EPP (charts/inferencepool,
+    templates/epp-rbac.yaml) with the controller's names, labels and owner. The Role is the
+    chart's whole: the lease rule too, which only leader election uses, so that the EPP's rights
+    are one list wherever it runs; the binding names the account without a namespace, which for
+    a RoleBinding means its own."""
     name = epp_name(owner)
     read = ["list", "watch"]
     return [
@@ -312,6 +317,11 @@ def epp_rbac(owner: Owner) -> list[Obj]:
                 },
                 {"apiGroups": [""], "resources": ["pods"], "verbs": read},
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["get", "create", "update"],
+                },
             ],
         },
         {
@@ -319,7 +329,7 @@ def epp_rbac(owner: Owner) -> list[Obj]:
             "kind": "RoleBinding",
             "metadata": _meta(owner, name, "epp"),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+            "subjects": [{"kind": "ServiceAccount", "name": name}],
         },
     ]
 
@@ -327,7 +337,7 @@ def epp_rbac(owner: Owner) -> list[Obj]:
 def epp_deployment(owner: Owner, settings: RenderSettings) -> Obj:
     """The chart's EPP Deployment (charts/inferencepool, one replica, the ConfigMap's
     scheduler.yaml as its config file) with the controller's own names, labels and owner, and
-    a rollout that never drops the only replica. tests/unit/test_chart.py renders the chart
+    a rollout that never drops the only replica. tests/deployment/test_chart.py renders the chart
     with the matching values and holds this to it field for field."""
     name = epp_name(owner)
     labels = child_labels(owner, "epp")
@@ -412,6 +422,14 @@ def epp_deployment(owner: Owner, settings: RenderSettings) -> Obj:
 
 
 def epp_service(owner: Owner, settings: RenderSettings) -> Obj:
+    """The chart's EPP Service (templates/epp-service.yaml): ext_proc for the gateway, gRPC health
+    for gateways that health-check the EPP, metrics for Prometheus, each sent to the container
+    port of the same name; the controller's names, labels, selector and owner."""
+    ports = (
+        ("grpc-ext-proc", settings.epp_port),
+        ("grpc-health", EPP_HEALTH_PORT),
+        ("http-metrics", EPP_METRICS_PORT),
+    )
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -419,7 +437,7 @@ def epp_service(owner: Owner, settings: RenderSettings) -> Obj:
         "spec": {
             "selector": {SERVICE_LABEL: owner.name, COMPONENT_LABEL: "epp"},
             "ports": [
-                {"name": "grpc-ext-proc", "port": settings.epp_port, "targetPort": settings.epp_port},
+                {"name": name, "port": port, "targetPort": name, "protocol": "TCP"} for name, port in ports
             ],
         },
     }
