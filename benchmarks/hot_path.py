@@ -46,7 +46,7 @@ from epp.picker.observability.decisions import DecisionLog
 from epp.picker.observability.metrics import EppMetrics
 from epp.picker.observability.observer import Observer
 from epp.serve.app import build_director
-from epp.serve.settings import ServeSettings
+from epp.serve.settings import PoolSettings, SchedulingSettings, ServeSettings
 
 ADAPTERS = tuple(f"adapter-{i}" for i in range(4))
 WARM_UP = 200
@@ -128,7 +128,9 @@ def build_processor(datastore: Datastore, clock: SystemClock, completions: Compl
         clock,
         tracer=tracing.decision_tracer(None),
     )
-    settings = ServeSettings(pool_name="pool", pool_namespace="default", seed=1)
+    settings = ServeSettings(
+        pool=PoolSettings(name="pool", namespace="default"), scheduling=SchedulingSettings(seed=1)
+    )
     director, _, _ = build_director(settings, datastore, clock, observer)
     return ExternalProcessor(StreamOptions(director, clock, completions=completions))
 

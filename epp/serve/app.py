@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"epp serve: {err}", file=sys.stderr)
         return 2
-    configure_logging(verbosity=settings.verbosity, log_format=settings.log_format)
+    configure_logging(verbosity=settings.logging.verbosity, log_format=settings.logging.log_format)
     try:
         with _runner() as runner:
             runner.run(serve(settings))
@@ -166,7 +166,9 @@ async def _serve(
     """Build, bind, start, run until stopped, then drain and take everything down in order."""
     # Read first: a missing token file is a start-up error, before anything starts.
     metrics_token = (
-        read_token_file(settings.metrics_auth_token_file) if settings.metrics_auth_token_file else None
+        read_token_file(settings.observability.metrics_auth_token_file)
+        if settings.observability.metrics_auth_token_file
+        else None
     )
     parts = _build_parts(settings, clock)
     servers = await _open_servers(settings, parts, clock, metrics_token)
@@ -176,7 +178,7 @@ async def _serve(
         if on_started is not None:
             on_started(servers.ports)
         await _run_tasks(
-            servers.lifecycle(stop, settings.drain_period_s, parts.director),
+            servers.lifecycle(stop, settings.drain.drain_period_s, parts.director),
             parts.datastore,
             parts.synced,
             parts.elector,
@@ -187,7 +189,7 @@ async def _serve(
             _peer_renewal(parts, servers, clock),
         )
     finally:
-        await servers.stop(settings.grace_period_s)
+        await servers.stop(settings.drain.grace_period_s)
         await parts.close()
         log.info("epp stopped")
 
@@ -204,10 +206,10 @@ class _Telemetry:
 def _build_telemetry(settings: ServeSettings, datastore: Datastore, clock: Clock) -> _Telemetry:
     registry = _default_registry()
     registry.register(PoolCollector(datastore, clock))
-    provider = tracing.build_tracer_provider() if settings.tracing else None
+    provider = tracing.build_tracer_provider() if settings.observability.tracing else None
     observer = Observer(
-        EppMetrics(registry, pool=settings.pool_name),
-        DecisionLog(settings.decision_log_size),
+        EppMetrics(registry, pool=settings.pool.name),
+        DecisionLog(settings.observability.decision_log_size),
         clock,
         tracer=tracing.decision_tracer(provider),
     )
@@ -272,7 +274,7 @@ def _build_peers(
     registry: CollectorRegistry,
 ) -> _Peers:
     own_id = shared.own_id
-    pool = f"{settings.pool_namespace}/{settings.pool_name}"
+    pool = f"{settings.pool.namespace}/{settings.pool.name}"
     tls = _peer_tls(settings)
     refusals = PeerRefusals(registry, clock)
     service = PeerService(
@@ -280,11 +282,11 @@ def _build_peers(
     )
     sender = PeerSender(
         shared,
-        parse_peers(settings.peers),
+        parse_peers(settings.peers.addresses),
         own_id=own_id,
         pool=pool,
         clock=clock,
-        interval_s=settings.peer_interval_s,
+        interval_s=settings.peers.interval_s,
         tls=tls,
     )
     route = peers_route(shared, service, sender, clock, own_id=own_id, refusals=refusals, tls=tls is not None)
@@ -311,15 +313,15 @@ def _peer_tls(settings: ServeSettings) -> PeerTls | None:
     Which flags go together is settled when the flags are parsed (`settings_from_args`); what is
     left is what only reading the files can find.
     """
-    ca, cert, key = settings.peer_tls_ca, settings.peer_tls_cert, settings.peer_tls_key
+    ca, cert, key = settings.peers.tls_ca, settings.peers.tls_cert, settings.peers.tls_key
     if ca is not None and cert is not None and key is not None:
-        identity = peer_identity(settings.pool_namespace, settings.pool_name)
+        identity = peer_identity(settings.pool.namespace, settings.pool.name)
         return load_peer_tls(PeerTlsFiles(ca, cert, key), identity)
-    assert settings.peer_insecure, "--peers without --peer-tls-* needs --peer-insecure"
+    assert settings.peers.insecure, "--peers without --peer-tls-* needs --peer-insecure"
     log.warning(
         "peer exchange in plaintext (--peer-insecure): anyone who reaches the peer port can feed "
         "this replica routing events; keep a NetworkPolicy in front of it",
-        extra={"peer_port": settings.peer_port},
+        extra={"peer_port": settings.peers.port},
     )
     return None
 
@@ -369,34 +371,36 @@ async def _open_servers(
 ) -> _Servers:
     health = Health(leader_election=parts.elector is not None)
     await health.start()
-    completions = Completions(clock, wait_s=settings.access_log_timeout_s)
+    completions = Completions(clock, wait_s=settings.listen.access_log_timeout_s)
     access_log = AccessLogReceiver(completions)
     processor = _build_processor(settings, parts, completions, clock)
     parts.telemetry.registry.register(StreamCountsCollector(processor.counts))
-    credentials = server_credentials(settings.cert_path) if settings.secure_serving else None
+    credentials = server_credentials(settings.listen.cert_path) if settings.listen.secure_serving else None
     ext_server, grpc_port = build_ext_proc_server(
         processor,
-        host=settings.host,
-        port=settings.grpc_port,
+        host=settings.listen.host,
+        port=settings.listen.grpc_port,
         credentials=credentials,
         health_servicer=health.servicer,
         access_log=access_log,
     )
     health_server, health_port = build_health_server(
-        health, host=settings.host, port=settings.grpc_health_port
+        health, host=settings.listen.host, port=settings.listen.grpc_health_port
     )
     peer_server, peer_port = None, 0
     if parts.peers is not None:
         peer_server = await build_peer_server(
             parts.peers.service,
-            host=settings.host,
-            port=settings.peer_port,
+            host=settings.listen.host,
+            port=settings.peers.port,
             tls=parts.peers.tls,
             refusals=parts.peers.refusals,
         )
         peer_port = peer_server.port
     http_app = _build_http_app(parts, health, metrics_token, clock)
-    runner, metrics_port = await start_http(http_app, host=settings.host, port=settings.metrics_port)
+    runner, metrics_port = await start_http(
+        http_app, host=settings.listen.host, port=settings.listen.metrics_port
+    )
     ports = BoundPorts(grpc=grpc_port, health=health_port, metrics=metrics_port, peer=peer_port)
     return _Servers(health, completions, access_log, ext_server, health_server, runner, ports, peer_server)
 
@@ -414,9 +418,9 @@ def _build_processor(
             parts.director,
             clock,
             StreamSettings(
-                default_body_mode=settings.body_mode,
-                max_request_body_bytes=settings.max_request_body_bytes,
-                max_header_bytes=settings.max_header_bytes,
+                default_body_mode=settings.listen.body_mode,
+                max_request_body_bytes=settings.listen.max_request_body_bytes,
+                max_header_bytes=settings.listen.max_header_bytes,
                 # BUFFERED: a queued request's reply may take its whole TTL; ask Envoy for that
                 # and a margin (up to its max_message_timeout, 120 s in the configs we ship).
                 pending_timeout_s=ttl_s + PENDING_MARGIN_S if ttl_s > 0 else UNBOUNDED_PENDING_S,
@@ -454,9 +458,9 @@ def _log_serving(settings: ServeSettings, ports: BoundPorts, director: Director)
             "grpc_port": ports.grpc,
             "health_port": ports.health,
             "metrics_port": ports.metrics,
-            "secure_serving": settings.secure_serving,
+            "secure_serving": settings.listen.secure_serving,
             "scheduler": director.scheduler.name,
-            "pool": f"{settings.pool_namespace}/{settings.pool_name}",
+            "pool": f"{settings.pool.namespace}/{settings.pool.name}",
         },
     )
 
@@ -586,15 +590,15 @@ def _build_adapters(
     """Sidecar push state with `--adapter-state-port`; loader, preloader and cold-adapter
     unloader with `--adapter-catalog`. A bad or missing catalogue is a start-up ConfigError."""
     push = None
-    if settings.adapter_state_port:
-        push = AdapterStatePush(datastore, clock, port=settings.adapter_state_port)
-    if settings.adapter_catalog is None:
+    if settings.adapters.state_port:
+        push = AdapterStatePush(datastore, clock, port=settings.adapters.state_port)
+    if settings.adapters.catalog is None:
         return _Adapters(runnables=(push,) if push is not None else ())
-    catalog = FileCatalog(settings.adapter_catalog)
+    catalog = FileCatalog(settings.adapters.catalog)
     loader = AdapterLoader(catalog.current, clock=clock, pods=push)
     preloader = Preloader(loader, datastore, clock, scheduler=scheduler_state)
     unloader = ColdAdapterUnloader(
-        loader, datastore, clock, idle_s=settings.adapter_idle_unload_s, scheduler=scheduler_state
+        loader, datastore, clock, idle_s=settings.adapters.idle_unload_s, scheduler=scheduler_state
     )
     parts = AdapterParts(loader, clock, push=push, preloader=preloader, unloader=unloader)
     runnables: tuple[_Runnable, ...] = (preloader, unloader) if push is None else (push, preloader, unloader)
@@ -618,33 +622,33 @@ def build_director(
     # all read this one (a built-in policy's own when no config was given).
     policy: str | None = None
     config: PickerConfig | None
-    if settings.picker_config_text is not None:
-        config = load_config(settings.picker_config_text)
+    if settings.scheduling.picker_config_text is not None:
+        config = load_config(settings.scheduling.picker_config_text)
         if config.ignored:
             ignored = {"sections": list(config.ignored)}
             log.warning("EndpointPickerConfig sections accepted and not applied", extra=ignored)
     else:
-        policy = settings.policy or "default"
+        policy = settings.scheduling.policy or "default"
         config = policy_config(policy)
     scheduler = build_scheduler(
         config,
         policy=policy,
-        staleness_threshold_s=settings.metrics_staleness_threshold_s,
-        seed=settings.seed,
+        staleness_threshold_s=settings.scrape.staleness_threshold_s,
+        seed=settings.scheduling.seed,
     )
-    detector = detector_config(config, staleness_threshold_s=settings.metrics_staleness_threshold_s)
+    detector = detector_config(config, staleness_threshold_s=settings.scrape.staleness_threshold_s)
     admission = Admission(detector=detector.detector, shed_standard=detector.shed_standard)
     flow = build_flow_control(
         flow_control_settings(config, detector=detector), scheduler.state, detector.detector
     )
     shared = None
-    if settings.peers:
+    if settings.peers.addresses:
         if not isinstance(scheduler, ProfileScheduler):
             raise ConfigError(f"--peers needs a policy with scheduler state; {scheduler.name!r} keeps none")
         shared = PeerReplicator(
             scheduler.state.ledger,
             own_id=process_id(),
-            peer_timeout_s=max(1.0, 50 * settings.peer_interval_s),
+            peer_timeout_s=max(1.0, 50 * settings.peers.interval_s),
         )
     director = Director(
         datastore,
@@ -653,7 +657,7 @@ def build_director(
         admit=admit_all if flow is not None else admission.admit,
         flow=flow,
         clock=clock,
-        rng=random.Random(settings.seed),
+        rng=random.Random(settings.scheduling.seed),
         observer=observer,
     )
     return director, scheduler.state, shared
@@ -663,14 +667,14 @@ def _build_source(
     settings: ServeSettings, datastore: Datastore, clock: Clock
 ) -> tuple[_Runnable, Callable[[], bool]]:
     """The pool source and a "has it synced" test; a pool file is loaded (and checked) right here."""
-    if settings.pool_file is not None:
+    if settings.pool.file is not None:
         from epp.picker.sources.file import FileSource
 
         file_source = FileSource(
-            settings.pool_file,
+            settings.pool.file,
             datastore,
-            pool_name=settings.pool_name,
-            pool_namespace=settings.pool_namespace,
+            pool_name=settings.pool.name,
+            pool_namespace=settings.pool.namespace,
             clock=clock,
         )
         file_source.load()
@@ -679,8 +683,8 @@ def _build_source(
 
     kube_source = KubeSource(
         datastore,
-        pool=PoolRef(name=settings.pool_name, namespace=settings.pool_namespace, group=settings.pool_group),
-        kubeconfig=settings.kubeconfig,
+        pool=PoolRef(name=settings.pool.name, namespace=settings.pool.namespace, group=settings.pool.group),
+        kubeconfig=settings.pool.kubeconfig,
         clock=clock,
     )
     return kube_source, kube_source.synced.is_set
@@ -692,27 +696,27 @@ def _build_refresher(settings: ServeSettings, datastore: Datastore, clock: Clock
     return MetricsRefresher(
         datastore,
         clock,
-        ScrapePacing(interval_s=settings.refresh_metrics_interval_s),
+        ScrapePacing(interval_s=settings.scrape.refresh_metrics_interval_s),
         target=ScrapeTarget(
-            scheme=settings.model_server_metrics_scheme,
-            port=settings.model_server_metrics_port,
-            path=settings.model_server_metrics_path,
-            insecure_skip_verify=settings.model_server_metrics_insecure_skip_verify,
+            scheme=settings.scrape.scheme,
+            port=settings.scrape.port,
+            path=settings.scrape.path,
+            insecure_skip_verify=settings.scrape.insecure_skip_verify,
         ),
-        reading=PageReading(names=settings.metric_names),
+        reading=PageReading(names=settings.scrape.metric_names),
     )
 
 
 def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | None:
-    if not settings.ha_enable_leader_election:
+    if not settings.leader.enabled:
         return None
     from epp.kube.leader import LeaderElector, LeaseClaim
 
     return LeaderElector(
         claim=LeaseClaim(
-            name=settings.lease_name, namespace=settings.pool_namespace, identity=socket.gethostname()
+            name=settings.lease_name, namespace=settings.pool.namespace, identity=socket.gethostname()
         ),
-        kubeconfig=settings.kubeconfig,
+        kubeconfig=settings.pool.kubeconfig,
         clock=clock,
     )
 

@@ -204,7 +204,7 @@ def test_every_rendered_object_validates_and_the_epp_accepts_its_arguments(case:
         validate(obj)
         assert obj["metadata"].get("namespace", "default") == "default", obj["metadata"]
     settings = serve_settings(objects)
-    assert settings.pool_name == RELEASE
+    assert settings.pool.name == RELEASE
 
 
 def test_crds_come_with_the_chart_unless_skipped() -> None:
@@ -238,7 +238,7 @@ def test_one_replica_runs_alone_without_a_disruption_budget() -> None:
     objects = render(POOL_LABELS)
     assert "--ha-enable-leader-election" not in container(objects)["args"]
     assert not any(o["kind"] == "PodDisruptionBudget" for o in objects)
-    assert serve_settings(objects).peers == ""
+    assert serve_settings(objects).peers.addresses == ""
 
 
 def test_more_replicas_run_active_passive_with_a_disruption_budget() -> None:
@@ -255,7 +255,7 @@ def test_active_active_replicas_find_each_other_through_the_peers_service() -> N
     objects = render(CASES["active-active"])
     settings = serve_settings(objects)
     peers = one(objects, "Service", f"{RELEASE}-epp-peers")
-    assert settings.peers == f"{RELEASE}-epp-peers.default.svc.cluster.local:9004"
+    assert settings.peers.addresses == f"{RELEASE}-epp-peers.default.svc.cluster.local:9004"
     assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"] is True
     assert "--ha-enable-leader-election" not in container(objects)["args"]
     policy = one(objects, "NetworkPolicy")
@@ -283,23 +283,23 @@ def test_active_active_peers_use_mutual_tls_with_a_ca_the_chart_makes_once(tmp_p
     assert secret["type"] == "kubernetes.io/tls"
     mounted = _peer_tls_mount(objects)
     assert mounted is not None and mounted[0] == secret["metadata"]["name"]
-    assert (settings.peer_tls_ca, settings.peer_tls_cert, settings.peer_tls_key) == tuple(
+    assert (settings.peers.tls_ca, settings.peers.tls_cert, settings.peers.tls_key) == tuple(
         pathlib.Path(mounted[1]) / key for key in ("ca.crt", "tls.crt", "tls.key")
     )
-    assert not settings.peer_insecure
+    assert not settings.peers.insecure
     for key, value in secret["data"].items():
         (tmp_path / key).write_bytes(base64.b64decode(value))
     files = PeerTlsFiles(tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key")
     # What `epp serve` checks at start: the CA signed it, the key is its key, it names this pool.
-    loaded = load_peer_tls(files, peer_identity(settings.pool_namespace, settings.pool_name))
+    loaded = load_peer_tls(files, peer_identity(settings.pool.namespace, settings.pool.name))
     loaded.server_context()
     # A release in another namespace gets a CA and a certificate for its own pool's name.
     other = one(render(CASES["active-active"], namespace="team-b"), "Secret")
     for key, value in other["data"].items():
         (tmp_path / key).write_bytes(base64.b64decode(value))
-    load_peer_tls(files, peer_identity("team-b", settings.pool_name))
+    load_peer_tls(files, peer_identity("team-b", settings.pool.name))
     with pytest.raises(ConfigError, match="peers of this pool expect"):
-        load_peer_tls(files, peer_identity(settings.pool_namespace, settings.pool_name))
+        load_peer_tls(files, peer_identity(settings.pool.namespace, settings.pool.name))
 
 
 @pytest.mark.parametrize(
@@ -355,7 +355,7 @@ def test_options_reach_the_pod() -> None:
     epp = container(objects)
     settings = serve_settings(objects)
     assert epp["image"] == "registry.example.com/lora/lora-epp:0.1.0" and epp["imagePullPolicy"] == "Always"
-    assert settings.secure_serving is False and settings.tracing is True
+    assert settings.listen.secure_serving is False and settings.observability.tracing is True
     assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel-collector:4317"} in epp["env"]
     assert {"name": "OTEL_SERVICE_NAME", "value": "lora-epp"} in epp["env"]
     assert "--v=3" in epp["args"] and "--refresh-metrics-interval=50ms" in epp["args"]
@@ -379,7 +379,7 @@ def test_role_grants_exactly_the_calls_the_code_makes() -> None:
 
 def test_older_pool_api_points_the_epp_and_models_at_its_group() -> None:
     objects = render(CASES["v1alpha2"])
-    assert serve_settings(objects).pool_group == "inference.networking.x-k8s.io"
+    assert serve_settings(objects).pool.group == "inference.networking.x-k8s.io"
     pool = one(objects, "InferencePool")
     assert pool["spec"]["extensionRef"] == {
         "name": f"{RELEASE}-epp",

@@ -148,7 +148,7 @@ async def test_shutdown_lets_an_in_flight_stream_finish(tmp_path: pathlib.Path) 
     pods = FakePods()
     await pods.start()
     try:
-        running = await start(settings(write_pool(tmp_path, pods.port), grace_period_s=5.0))
+        running = await start(settings(write_pool(tmp_path, pods.port), drain={"grace_period_s": 5.0}))
         try:
             await pods.wait_scraped()
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.grpc}") as channel:

@@ -101,7 +101,10 @@ async def test_metrics_decisions_and_traces(
     caplog.set_level(logging.DEBUG)
     try:
         running = await start(
-            settings(write_pool(tmp_path, pods.port), tracing=True, metrics_auth_token_file=token_file)
+            settings(
+                write_pool(tmp_path, pods.port),
+                observability={"tracing": True, "metrics_auth_token_file": token_file},
+            )
         )
         try:
             await pods.wait_scraped()

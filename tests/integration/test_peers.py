@@ -24,7 +24,7 @@ from epp._proto import peers_pb2 as peers_pb
 from epp._proto import peers_pb2_grpc as peers_grpc
 from epp.errors import ConfigError
 from epp.picker.peers import peer_identity
-from epp.serve.settings import ServeSettings
+from epp.serve.settings import PoolSettings, ServeSettings
 from epp.tools.localstack import write_peer_tls
 from tests.integration.test_serve_grpc import (
     FakePods,
@@ -92,15 +92,19 @@ IDENTITY = peer_identity("default", "pool")  # what `settings` serves
 
 def peer_tls(files: tuple[pathlib.Path, pathlib.Path, pathlib.Path] | None) -> dict[str, object]:
     if files is None:
-        return {"peer_insecure": True}
+        return {"insecure": True}
     ca, cert, key = files
-    return {"peer_tls_ca": ca, "peer_tls_cert": cert, "peer_tls_key": key}
+    return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
 
 
 def replica(
     pool: pathlib.Path, peers: str, port: int, files: tuple[pathlib.Path, pathlib.Path, pathlib.Path] | None
 ) -> ServeSettings:
-    return settings(pool, policy=None, peers=peers, peer_port=port, peer_interval_s=0.02, **peer_tls(files))
+    return settings(
+        pool,
+        scheduling={"policy": None},
+        peers={"addresses": peers, "port": port, "interval_s": 0.02, **peer_tls(files)},
+    )
 
 
 async def refused(running: Running) -> dict[str, float]:
@@ -173,15 +177,16 @@ async def test_a_replica_routes_on_what_its_peer_loaded_and_forgets_a_stopped_pe
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"policy": "round-robin"}, "--peers needs a policy with scheduler state"),
+        ({"scheduling": {"policy": "round-robin"}}, "--peers needs a policy with scheduler state"),
     ],
 )
 async def test_peers_with_a_stateless_policy_is_a_start_up_error(
-    tmp_path: pathlib.Path, overrides: dict[str, object], message: str
+    tmp_path: pathlib.Path, overrides: dict[str, dict[str, object]], message: str
 ) -> None:
     pool = write_pool(tmp_path)
+    peers: dict[str, object] = {"addresses": "127.0.0.1:1", "port": 0, "insecure": True}
     with pytest.raises(ConfigError, match=message):
-        await start(settings(pool, peers="127.0.0.1:1", peer_port=0, peer_insecure=True, **overrides))
+        await start(settings(pool, peers=peers, **overrides))
 
 
 class Dialer:
@@ -267,7 +272,8 @@ async def test_replicas_of_two_pools_sharing_a_ca_do_not_hear_each_other(tmp_pat
     b_files = write_peer_tls(tmp_path / "b", dns_name=other, ca=ca)
     b = await start(
         dataclasses.replace(
-            replica(pool, peers, port_b, b_files), pool_name="other", pool_file=write_other_pool(tmp_path)
+            replica(pool, peers, port_b, b_files),
+            pool=PoolSettings(name="other", namespace="default", file=write_other_pool(tmp_path)),
         )
     )
     try:
@@ -331,10 +337,8 @@ async def test_bad_peer_certificates_are_start_up_errors_naming_the_file(
         await start(
             settings(
                 pool,
-                policy=None,
-                peers="127.0.0.1:1",
-                peer_port=0,
-                **peer_tls((ca_path, cert_path, key_path)),
+                scheduling={"policy": None},
+                peers={"addresses": "127.0.0.1:1", "port": 0, **peer_tls((ca_path, cert_path, key_path))},
             )
         )
 

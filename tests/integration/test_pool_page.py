@@ -276,7 +276,9 @@ async def test_the_page_and_its_json_need_the_metrics_token(tmp_path: pathlib.Pa
     pods = FakePods()
     await pods.start()
     try:
-        running = await start(settings(write_pool(tmp_path, pods.port), metrics_auth_token_file=token_file))
+        running = await start(
+            settings(write_pool(tmp_path, pods.port), observability={"metrics_auth_token_file": token_file})
+        )
         try:
             base = f"http://127.0.0.1:{running.ports.metrics}/debug"
             auth = {"Authorization": f"Bearer {token}"}

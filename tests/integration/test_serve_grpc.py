@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import pathlib
 import signal
@@ -38,7 +39,14 @@ from epp.picker.extproc.stream import StreamOptions
 from epp.picker.observability.health import Health, build_health_server
 from epp.picker.scheduling.types import LLMRequest, SchedulingResult
 from epp.serve.app import BoundPorts, serve
-from epp.serve.settings import ServeSettings
+from epp.serve.settings import (
+    DrainSettings,
+    ListenSettings,
+    PoolSettings,
+    SchedulingSettings,
+    ScrapeSettings,
+    ServeSettings,
+)
 from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = pytest.mark.integration
@@ -130,23 +138,20 @@ def write_pool(tmp_path: pathlib.Path, port: int = 8000) -> pathlib.Path:
     return path
 
 
-def settings(pool_file: pathlib.Path, **overrides: object) -> ServeSettings:
-    values: dict[str, object] = {
-        "pool_name": "pool",
-        "pool_namespace": "default",
-        "pool_file": pool_file,
-        "host": "127.0.0.1",
-        "grpc_port": 0,
-        "grpc_health_port": 0,
-        "metrics_port": 0,
-        "secure_serving": False,
-        "policy": "round-robin",
-        "refresh_metrics_interval_s": 0.1,
-        "grace_period_s": 1.0,
-        "drain_period_s": 0.0,  # tests of draining set their own
-    }
-    values.update(overrides)
-    return ServeSettings(**values)  # type: ignore[arg-type]
+def settings(pool_file: pathlib.Path, **concerns: dict[str, object]) -> ServeSettings:
+    """A local plaintext EPP on ephemeral ports; `concerns` changes fields by concern, e.g.
+    `listen={"secure_serving": True}`."""
+    base = ServeSettings(
+        pool=PoolSettings(name="pool", namespace="default", file=pool_file),
+        listen=ListenSettings(
+            host="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, secure_serving=False
+        ),
+        scheduling=SchedulingSettings(policy="round-robin"),
+        scrape=ScrapeSettings(refresh_metrics_interval_s=0.1),
+        drain=DrainSettings(grace_period_s=1.0, drain_period_s=0.0),  # tests of draining set their own
+    )
+    changed = {name: dataclasses.replace(getattr(base, name), **fields) for name, fields in concerns.items()}
+    return dataclasses.replace(base, **changed)
 
 
 class Running:
@@ -297,7 +302,9 @@ async def test_tls_with_cert_path(tmp_path: pathlib.Path, pods: FakePods) -> Non
     certs.mkdir()
     (certs / "tls.crt").write_bytes(pair.cert_pem)
     (certs / "tls.key").write_bytes(pair.key_pem)
-    running = await start(settings(write_pool(tmp_path, pods.port), secure_serving=True, cert_path=certs))
+    running = await start(
+        settings(write_pool(tmp_path, pods.port), listen={"secure_serving": True, "cert_path": certs})
+    )
     try:
         await pods.wait_scraped()
         credentials = grpc.ssl_channel_credentials(root_certificates=pair.cert_pem)
@@ -319,7 +326,7 @@ async def test_tls_with_cert_path(tmp_path: pathlib.Path, pods: FakePods) -> Non
 
 
 async def test_self_signed_tls_handshake(tmp_path: pathlib.Path) -> None:
-    running = await start(settings(write_pool(tmp_path), secure_serving=True))
+    running = await start(settings(write_pool(tmp_path), listen={"secure_serving": True}))
     try:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -396,7 +403,7 @@ async def test_leader_election_gates_readiness() -> None:
 async def test_stop_drains_before_the_ext_proc_server_closes(tmp_path: pathlib.Path, pods: FakePods) -> None:
     """What SIGTERM does: NOT_SERVING at once, access-log streams ended, routing on through the
     drain period (the gateway's health check needs that long to move new streams), then exit."""
-    running = await start(settings(write_pool(tmp_path, pods.port), drain_period_s=3.0))
+    running = await start(settings(write_pool(tmp_path, pods.port), drain={"drain_period_s": 3.0}))
     try:
         await pods.wait_scraped()
         assert await wait_serving(running.ports.health, "readiness") == health_pb2.HealthCheckResponse.SERVING

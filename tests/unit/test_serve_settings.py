@@ -1,16 +1,22 @@
-"""`epp serve` flags → ServeSettings."""
+"""`epp serve` flags → the ServeSettings tree."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import pathlib
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from epp.errors import ConfigError
 from epp.picker.extproc.stream import BodyMode
-from epp.serve.settings import ServeSettings, configure_parser, settings_from_args
+from epp.picker.scrape.parse import DEFAULT_NAMES
+from epp.serve.settings import PoolSettings, ServeSettings, configure_parser, settings_from_args
+from epp.serve.settings.flags import FLAG, NOT_SPELT, SUB_FLAGS, Flag
+from epp.serve.settings.tree import GROUP
 
 PEER_TLS = [
     "--peer-tls-ca",
@@ -22,135 +28,225 @@ PEER_TLS = [
 ]
 
 
+def parser() -> argparse.ArgumentParser:
+    built = argparse.ArgumentParser(prog="epp serve")
+    configure_parser(built)
+    return built
+
+
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServeSettings:
-    parser = argparse.ArgumentParser(prog="epp serve")
-    configure_parser(parser)
-    return settings_from_args(parser.parse_args(argv), environ if environ is not None else {})
+    return settings_from_args(parser().parse_args(argv), environ if environ is not None else {})
+
+
+def at(settings: object, path: str) -> object:
+    """`at(s, "listen.grpc_port")` is `s.listen.grpc_port`."""
+    return functools.reduce(getattr, path.split("."), settings)
+
+
+DEFAULTS = ServeSettings(pool=PoolSettings(name="p", namespace="default"))
+
+
+def concern_fields(member: dataclasses.Field[Any]) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(getattr(DEFAULTS, member.name))
+
+
+def tree_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
+    """Every leaf field of the tree, with its path, read from the dataclasses themselves."""
+    for member in dataclasses.fields(ServeSettings):
+        for leaf in concern_fields(member):
+            yield f"{member.name}.{leaf.name}", leaf
+
+
+def flags_of(leaf: dataclasses.Field[Any]) -> list[Flag]:
+    return [leaf.metadata[FLAG]] if FLAG in leaf.metadata else list(leaf.metadata.get(SUB_FLAGS, {}).values())
+
+
+def action(flag: str) -> argparse.Action:
+    (found,) = (a for a in parser()._actions if flag in a.option_strings)
+    return found
 
 
 def test_defaults_match_upstream() -> None:
     s = parse(["--pool-name", "p"])
-    assert (s.grpc_port, s.grpc_health_port, s.metrics_port) == (9002, 9003, 9090)
-    assert s.secure_serving is True
-    assert s.pool_namespace == "default"
-    assert s.pool_group == "inference.networking.k8s.io"
-    assert s.refresh_metrics_interval_s == pytest.approx(0.1)
-    assert s.metrics_staleness_threshold_s == pytest.approx(2.0)
-    assert s.body_mode is BodyMode.FULL_DUPLEX_STREAMED
-    assert s.model_server_metrics_port is None
-    assert s.model_server_metrics_insecure_skip_verify is True
-    assert s.verbosity == 2 and s.log_format == "json"
-    assert (s.drain_period_s, s.grace_period_s, s.access_log_timeout_s) == (5.0, 10.0, 600.0)
+    assert (s.listen.grpc_port, s.listen.grpc_health_port, s.listen.metrics_port) == (9002, 9003, 9090)
+    assert s.listen.secure_serving is True
+    assert s.pool.namespace == "default"
+    assert s.pool.group == "inference.networking.k8s.io"
+    assert s.scrape.refresh_metrics_interval_s == pytest.approx(0.1)
+    assert s.scrape.staleness_threshold_s == pytest.approx(2.0)
+    assert s.listen.body_mode is BodyMode.FULL_DUPLEX_STREAMED
+    assert s.scrape.port is None
+    assert s.scrape.insecure_skip_verify is True
+    assert s.logging.verbosity == 2 and s.logging.log_format == "json"
+    assert (s.drain.drain_period_s, s.drain.grace_period_s, s.listen.access_log_timeout_s) == (
+        5.0,
+        10.0,
+        600.0,
+    )
     assert s.lease_name == "epp-default-p.gateway-api-inference-extension.sigs.k8s.io"
 
 
-# Flags whose field is named otherwise (besides a duration's `_s`), and flags with no field default
-# of their own: the pool's name and namespace have none, the config flags are read into
-# `picker_config_text`, the metric-name flags fill `metric_names`, and the metrics port's 0 is the
-# flag's spelling of the field's None.
-FIELD_OF_DEST = {
-    "v": "verbosity",
-    "model_server_metrics_https_insecure_skip_verify": "model_server_metrics_insecure_skip_verify",
-}
-NO_FIELD_DEFAULT = {
-    "help",
-    "pool_name",
-    "pool_namespace",
-    "config_file",
-    "config_text",
-    "model_server_metrics_port",
-}
+def test_every_field_has_a_flag_with_help() -> None:
+    flags = {a for action in parser()._actions for a in action.option_strings}
+    for path, leaf in tree_fields():
+        specs = flags_of(leaf)
+        assert specs, f"{path} has no flag"
+        for spec in specs:
+            assert spec.name in flags and spec.help, path
+
+
+def test_every_flag_belongs_to_a_field() -> None:
+    """No flag is added beside the tree: each is a field's own, or the file form of one."""
+    from_fields = {"-h", "--help"}
+    for _, leaf in tree_fields():
+        for spec in flags_of(leaf):
+            from_fields |= {spec.name, *([spec.file_flag] if spec.file_flag else [])}
+    assert {flag for a in parser()._actions for flag in a.option_strings} == from_fields
 
 
 def test_every_flag_default_is_its_settings_field_default() -> None:
-    """A default is written once, on the field: a flag that restates one could drift from it."""
-    parser = argparse.ArgumentParser(prog="epp serve")
-    configure_parser(parser)
-    field_defaults = {
-        f.name: f.default for f in dataclasses.fields(ServeSettings) if f.default is not dataclasses.MISSING
-    }
-    checked: set[str] = set()
-    for action in parser._actions:
-        if action.dest in NO_FIELD_DEFAULT or action.dest.endswith("_metric"):
+    """A default is written once, on the field: a flag that restates one could drift from it.
+
+    Where the flag spells the field's default otherwise (`absent`: 0 for the metrics port's None, ""
+    for the pool's required name and namespace), the flag holds that spelling.
+    """
+    for path, leaf in tree_fields():
+        if SUB_FLAGS in leaf.metadata:
+            for part, spec in leaf.metadata[SUB_FLAGS].items():
+                assert action(spec.name).default == getattr(leaf.default, part), spec.name
             continue
-        named = FIELD_OF_DEST.get(action.dest, action.dest)
-        field = next((name for name in (named, f"{named}_s") if name in field_defaults), None)
-        assert field is not None, f"{action.option_strings}: no ServeSettings field with a default"
-        assert action.default == field_defaults[field], action.option_strings
-        checked.add(field)
-    assert set(field_defaults) - checked == {
-        "picker_config_text",
-        "metric_names",
-        "model_server_metrics_port",
-    }
+        spec = leaf.metadata[FLAG]
+        expected = leaf.default if spec.absent is NOT_SPELT else spec.absent
+        assert action(spec.name).default == expected, path
 
 
 def test_no_flags_give_the_settings_defaults() -> None:
-    assert parse(["--pool-name", "p"]) == ServeSettings(pool_name="p", pool_namespace="default")
+    assert parse(["--pool-name", "p"]) == DEFAULTS
 
 
-@pytest.mark.parametrize(
-    ("argv", "field", "value"),
-    [
-        (["--secure-serving=false"], "secure_serving", False),
-        (["--secure-serving", "false"], "secure_serving", False),
-        (["--secure-serving"], "secure_serving", True),
-        (["--ha-enable-leader-election"], "ha_enable_leader_election", True),
-        (
-            ["--model-server-metrics-https-insecure-skip-verify=false"],
-            "model_server_metrics_insecure_skip_verify",
-            False,
-        ),
-        (["--refresh-metrics-interval", "50ms"], "refresh_metrics_interval_s", 0.05),
-        (["--refresh-metrics-interval=1m30s"], "refresh_metrics_interval_s", 90.0),
-        (["--metrics-staleness-threshold", "500ms"], "metrics_staleness_threshold_s", 0.5),
-        (["--body-mode", "buffered"], "body_mode", BodyMode.BUFFERED),
-        (["--model-server-metrics-port", "8001"], "model_server_metrics_port", 8001),
-        (["--policy", "round-robin"], "policy", "round-robin"),
-        (["--config-text", "kind: EndpointPickerConfig"], "picker_config_text", "kind: EndpointPickerConfig"),
-        (["--v", "4"], "verbosity", 4),
-        (["--grpc-port", "0"], "grpc_port", 0),
-        (["--max-request-body-bytes", "1024"], "max_request_body_bytes", 1024),
-        (["--drain-period", "0s"], "drain_period_s", 0.0),
-        (["--drain-period=15s"], "drain_period_s", 15.0),
-        (["--access-log-timeout", "2m"], "access_log_timeout_s", 120.0),
-    ],
-    ids=[
-        "secure-false-equals",
-        "secure-false-space",
-        "secure-bare",
-        "leader-election",
-        "skip-verify-false",
-        "refresh-ms",
-        "refresh-compound",
-        "staleness",
-        "body-mode",
-        "metrics-port",
-        "policy",
-        "config-text",
-        "verbosity",
-        "ephemeral-port",
-        "body-limit",
-        "no-drain",
-        "drain",
-        "access-log-timeout",
-    ],
-)
-def test_flag_values(argv: list[str], field: str, value: object) -> None:
-    s = parse(["--pool-name", "p", *argv])
-    got = getattr(s, field)
+def test_every_unit_is_in_its_field_name() -> None:
+    for path, leaf in tree_fields():
+        unit = leaf.metadata[FLAG].unit if FLAG in leaf.metadata else None
+        for suffix in ("s", "bytes"):
+            assert (unit == suffix) == path.endswith(f"_{suffix}"), path
+
+
+# One non-default value per field, given on the command line (after `--pool-name p`), and what the
+# field then holds: every field of the tree appears at least once.
+ROUND_TRIPS: list[tuple[list[str], str, object]] = [
+    (["--pool-name", "q"], "pool.name", "q"),
+    (["--pool-namespace", "team-b"], "pool.namespace", "team-b"),
+    (["--pool-group", "inference.networking.x-k8s.io"], "pool.group", "inference.networking.x-k8s.io"),
+    (["--pool-file", "/pool.yaml"], "pool.file", pathlib.Path("/pool.yaml")),
+    (["--kubeconfig", "/kube/config"], "pool.kubeconfig", "/kube/config"),
+    (["--host", "127.0.0.1"], "listen.host", "127.0.0.1"),
+    (["--grpc-port", "0"], "listen.grpc_port", 0),
+    (["--grpc-health-port", "9103"], "listen.grpc_health_port", 9103),
+    (["--metrics-port", "9190"], "listen.metrics_port", 9190),
+    (["--secure-serving=false"], "listen.secure_serving", False),
+    (["--secure-serving", "false"], "listen.secure_serving", False),
+    (["--cert-path", "/certs"], "listen.cert_path", pathlib.Path("/certs")),
+    (["--body-mode", "buffered"], "listen.body_mode", BodyMode.BUFFERED),
+    (["--max-request-body-bytes", "1024"], "listen.max_request_body_bytes", 1024),
+    (["--max-header-bytes", "2048"], "listen.max_header_bytes", 2048),
+    (["--access-log-timeout", "2m"], "listen.access_log_timeout_s", 120.0),
+    (["--drain-period", "0s"], "drain.drain_period_s", 0.0),
+    (["--drain-period=15s"], "drain.drain_period_s", 15.0),
+    (["--grace-period", "3s"], "drain.grace_period_s", 3.0),
+    (["--grace-period=-1"], "drain.grace_period_s", 0.0),
+    (
+        ["--config-text", "kind: EndpointPickerConfig"],
+        "scheduling.picker_config_text",
+        "kind: EndpointPickerConfig",
+    ),
+    (["--policy", "round-robin"], "scheduling.policy", "round-robin"),
+    (["--seed", "7"], "scheduling.seed", 7),
+    (["--refresh-metrics-interval", "50ms"], "scrape.refresh_metrics_interval_s", 0.05),
+    (["--refresh-metrics-interval=1m30s"], "scrape.refresh_metrics_interval_s", 90.0),
+    (["--metrics-staleness-threshold", "500ms"], "scrape.staleness_threshold_s", 0.5),
+    (["--model-server-metrics-port", "8001"], "scrape.port", 8001),
+    (["--model-server-metrics-path", "/stats"], "scrape.path", "/stats"),
+    (["--model-server-metrics-scheme", "https"], "scrape.scheme", "https"),
+    (["--model-server-metrics-https-insecure-skip-verify=false"], "scrape.insecure_skip_verify", False),
+    (
+        ["--cache-info-metric", "x:cache"],
+        "scrape.metric_names",
+        dataclasses.replace(DEFAULT_NAMES, cache_info="x:cache"),
+    ),
+    (["--adapter-catalog", "/catalog.yaml"], "adapters.catalog", pathlib.Path("/catalog.yaml")),
+    (["--adapter-state-port", "9005"], "adapters.state_port", 9005),
+    (["--adapter-idle-unload", "0"], "adapters.idle_unload_s", 0.0),
+    (["--peers", " r:9004 ", "--peer-insecure"], "peers.addresses", "r:9004"),
+    (["--peers", "r:9004", "--peer-insecure"], "peers.insecure", True),
+    (["--peer-port", "9104"], "peers.port", 9104),
+    (["--peer-interval", "50ms"], "peers.interval_s", 0.05),
+    (["--peers", "r:9004", *PEER_TLS], "peers.tls_ca", pathlib.Path("/tls/ca.crt")),
+    (["--peers", "r:9004", *PEER_TLS], "peers.tls_cert", pathlib.Path("/tls/tls.crt")),
+    (["--peers", "r:9004", *PEER_TLS], "peers.tls_key", pathlib.Path("/tls/tls.key")),
+    (["--ha-enable-leader-election"], "leader.enabled", True),
+    (["--tracing"], "observability.tracing", True),
+    (
+        ["--metrics-auth-token-file", "/run/token"],
+        "observability.metrics_auth_token_file",
+        pathlib.Path("/run/token"),
+    ),
+    (["--decision-log-size", "10"], "observability.decision_log_size", 10),
+    (["--v", "4"], "logging.verbosity", 4),
+    (["--log-format", "text"], "logging.log_format", "text"),
+]
+
+
+@pytest.mark.parametrize(("argv", "path", "value"), ROUND_TRIPS, ids=[" ".join(a) for a, _, _ in ROUND_TRIPS])
+def test_a_flag_value_reaches_its_field(argv: list[str], path: str, value: object) -> None:
+    got = at(parse(["--pool-name", "p", *argv]), path)
     assert got == (pytest.approx(value) if isinstance(value, float) else value)
+    assert value != at(DEFAULTS, path), "the case must move the field off its default"
+
+
+# Spellings that give a field its default: a bare bool flag is true, and 0 is the metrics port's None.
+@pytest.mark.parametrize(
+    ("argv", "path", "value"),
+    [
+        (["--secure-serving"], "listen.secure_serving", True),
+        (["--secure-serving=false", "--secure-serving", "yes"], "listen.secure_serving", True),
+        (["--model-server-metrics-port", "0"], "scrape.port", None),
+    ],
+    ids=["bare-bool", "bool-word", "port-zero"],
+)
+def test_spellings_of_a_default(argv: list[str], path: str, value: object) -> None:
+    assert at(parse(["--pool-name", "p", *argv]), path) == value == at(DEFAULTS, path)
+
+
+def test_every_field_has_a_round_trip() -> None:
+    assert {path for path, _ in tree_fields()} == {path for _, path, _ in ROUND_TRIPS}
+
+
+def test_help_lists_each_concern_as_a_group_with_its_flags() -> None:
+    built = parser()
+    groups = {group.title: group for group in built._action_groups}
+    text = built.format_help()
+    for member in dataclasses.fields(ServeSettings):
+        title = member.metadata[GROUP]
+        assert f"\n{title}:\n" in text
+        listed = {flag for a in groups[title]._group_actions for flag in a.option_strings}
+        for leaf in concern_fields(member):
+            assert {spec.name for spec in flags_of(leaf)} <= listed, f"{title}: {leaf.name}"
+
+
+def test_help_shows_durations_as_written() -> None:
+    assert "(default 100ms: a Python scrape" in parser().format_help().replace("\n", " ").replace("  ", "")
 
 
 def test_namespace_from_environment() -> None:
-    assert parse(["--pool-name", "p"], {"NAMESPACE": "team-a"}).pool_namespace == "team-a"
-    assert parse(["--pool-name", "p", "--pool-namespace", "x"], {"NAMESPACE": "team-a"}).pool_namespace == "x"
+    assert parse(["--pool-name", "p"], {"NAMESPACE": "team-a"}).pool.namespace == "team-a"
+    assert parse(["--pool-name", "p", "--pool-namespace", "x"], {"NAMESPACE": "team-a"}).pool.namespace == "x"
 
 
 def test_config_file_is_read(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "picker.yaml"
     path.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n")
-    assert parse(["--pool-name", "p", "--config-file", str(path)]).picker_config_text == path.read_text()
+    settings = parse(["--pool-name", "p", "--config-file", str(path)])
+    assert settings.scheduling.picker_config_text == path.read_text()
 
 
 @pytest.mark.parametrize(
@@ -243,27 +339,25 @@ def test_peers_are_parsed_with_their_defaults() -> None:
     s = parse(
         ["--pool-name", "p", "--peers", " epp-replicas.ns.svc:9004 ", "--peer-interval", "50ms", *PEER_TLS]
     )
-    assert (s.peers, s.peer_port, s.peer_interval_s) == ("epp-replicas.ns.svc:9004", 9004, 0.05)
-    assert (s.peer_tls_ca, s.peer_tls_cert, s.peer_tls_key, s.peer_insecure) == (
+    assert (s.peers.addresses, s.peers.port, s.peers.interval_s) == ("epp-replicas.ns.svc:9004", 9004, 0.05)
+    assert (s.peers.tls_ca, s.peers.tls_cert, s.peers.tls_key, s.peers.insecure) == (
         pathlib.Path("/tls/ca.crt"),
         pathlib.Path("/tls/tls.crt"),
         pathlib.Path("/tls/tls.key"),
         False,
     )
     insecure = parse(["--pool-name", "p", "--peers", "epp-replicas:9004", "--peer-insecure"])
-    assert (insecure.peer_insecure, insecure.peer_tls_ca) == (True, None)
-    assert parse(["--pool-name", "p"]).peers == ""
+    assert (insecure.peers.insecure, insecure.peers.tls_ca) == (True, None)
+    assert parse(["--pool-name", "p"]).peers.addresses == ""
 
 
 def test_pool_file_makes_pool_name_optional(tmp_path: pathlib.Path) -> None:
     s = parse(["--pool-file", str(tmp_path / "pool.yaml")])
-    assert s.pool_file == tmp_path / "pool.yaml" and s.pool_name == ""
+    assert s.pool.file == tmp_path / "pool.yaml" and s.pool.name == ""
 
 
 def test_every_flag_is_documented() -> None:
-    parser = argparse.ArgumentParser(prog="epp serve")
-    configure_parser(parser)
-    undocumented = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+    undocumented = [a.option_strings for a in parser()._actions if a.option_strings and not a.help]
     assert undocumented == []
 
 
@@ -283,7 +377,7 @@ def test_every_flag_is_documented() -> None:
     ids=["defaults", "tracing-flag", "otlp-endpoint-env", "tracing-off", "token-and-log-size"],
 )
 def test_observability_flags(argv: list[str], environ: dict[str, str], expected: tuple[object, ...]) -> None:
-    s = parse(["--pool-name", "p", *argv], environ)
+    s = parse(["--pool-name", "p", *argv], environ).observability
     token = str(s.metrics_auth_token_file) if s.metrics_auth_token_file is not None else None
     assert (s.tracing, token, s.decision_log_size) == expected
 
@@ -309,7 +403,8 @@ def test_upstream_metric_name_flags_choose_what_the_scraper_reads() -> None:
             "--lora-info-metric=x:lora",
         ]
     )
-    assert (s.metric_names.waiting, s.metric_names.lora_info) == ("sglang:num_queue_reqs", "x:lora")
-    assert s.metric_names.running == "vllm:num_requests_running"  # the others keep vLLM's names
+    names = s.scrape.metric_names
+    assert (names.waiting, names.lora_info) == ("sglang:num_queue_reqs", "x:lora")
+    assert names.running == "vllm:num_requests_running"  # the others keep vLLM's names
     with pytest.raises(ConfigError, match="must not be empty"):
         parse(["--pool-name", "p", "--kv-cache-usage-percentage-metric", ""])

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 
 import pytest
 import yaml
 
 from epp.cli import main
-from epp.serve.settings import ServeSettings
+from epp.serve.settings import ListenSettings
 
 POOL = """\
 apiVersion: inference.networking.k8s.io/v1
@@ -157,8 +156,7 @@ def test_by_default_the_epp_gets_requests_and_the_access_log(
     # `epp serve` accepts by default.
     assert _ext_proc(bootstrap)["processing_mode"]["request_body_mode"] == "BUFFERED"  # type: ignore[index]
     listener = bootstrap["static_resources"]["listeners"][0]
-    serve_defaults = {field.name: field.default for field in dataclasses.fields(ServeSettings)}
-    assert listener["per_connection_buffer_limit_bytes"] == serve_defaults["max_request_body_bytes"]
+    assert listener["per_connection_buffer_limit_bytes"] == ListenSettings().max_request_body_bytes
     assert [logger["name"] for logger in _hcm(bootstrap)["access_log"]] == ["envoy.access_loggers.http_grpc"]  # type: ignore[attr-defined]
 
 
