@@ -42,3 +42,27 @@ def parse_duration(text: str) -> float:
         return durations.parse_duration(text)
     except durations.DurationError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from err
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive, got {text!r}")
+    return value
+
+
+def non_negative_duration(text: str) -> float:
+    value = parse_duration(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be zero or positive, got {text!r}")
+    return value

@@ -23,7 +23,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from epp.cliutil import parse_duration
+from epp.cliutil import positive_duration, positive_int
 from epp.errors import ConfigError
 from epp.kube.api import API_ERRORS, LISTED, AsyncKubeApi, Obj, list_then_watch, load_api_client
 from epp.operator.controller.adapter_survey import DEFAULT_TIMEOUT_S, AdapterSurvey
@@ -40,23 +40,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 T = TypeVar("T")
 
 
-def _positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     defaults = RenderSettings()
     parser.add_argument(
@@ -69,7 +52,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--resync-period",
-        type=_positive_duration,
+        type=positive_duration,
         default=30.0,
         help="seconds (or 30s) between full passes; changes are reconciled at once through a watch",
     )
@@ -84,11 +67,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--adapter-probe-timeout",
-        type=_positive_duration,
+        type=positive_duration,
         default=DEFAULT_TIMEOUT_S,
         help="seconds (or 500ms) to wait for a model-server pod's /v1/models in the adapter survey",
     )
-    parser.add_argument("--workers", type=_positive_int, default=4, help="objects reconciled in parallel")
+    parser.add_argument("--workers", type=positive_int, default=4, help="objects reconciled in parallel")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (non-zero if any failed)")
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
 

@@ -8,19 +8,12 @@ import contextlib
 import logging
 import signal
 
-from epp.cliutil import parse_duration
+from epp.cliutil import positive_duration
 from epp.clock import SystemClock
 from epp.operator.sidecar.server import AdapterStateService, serve
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 1.0
-
-
-def _positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
-    return value
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +23,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="gRPC bind address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=9010, help="gRPC port (default 9010; 0 = any free)")
     parser.add_argument(
-        "--poll-interval", type=_positive_duration, default=0.5, help="seconds (or 500ms) between reads"
+        "--poll-interval", type=positive_duration, default=0.5, help="seconds (or 500ms) between reads"
     )
     parser.add_argument("--log-level", default="WARNING", help="Python logging level")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, dataclass_transform
 
 from epp import durations
-from epp.cliutil import parse_duration
+from epp.cliutil import parse_duration, positive_duration, positive_int
 
 T = TypeVar("T")
 
@@ -122,30 +122,6 @@ def port_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid port {text!r}") from err
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} out of range 0-65535")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from err
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"duration must be positive, got {text!r}")
-    return value
-
-
-def non_negative_duration(text: str) -> float:
-    value = parse_duration(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"duration must be zero or positive, got {text!r}")
     return value
 
 

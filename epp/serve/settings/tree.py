@@ -11,6 +11,7 @@ import argparse
 import pathlib
 from dataclasses import dataclass, field
 
+from epp.cliutil import non_negative_duration, positive_int
 from epp.picker import wire
 from epp.picker.extproc.stream import BodyMode
 from epp.picker.observability import decisions
@@ -22,11 +23,9 @@ from epp.serve.settings.flags import (
     concern,
     duration,
     duration_or_zero,
-    non_negative_duration,
     option,
     optional_path,
     port_number,
-    positive_int,
     required,
     size,
     stripped,

@@ -12,7 +12,7 @@ import sys
 
 from aiohttp import web
 
-from epp.cliutil import add_bool_flag, parse_duration
+from epp.cliutil import add_bool_flag, parse_duration, positive_int
 from epp.clock import SystemClock
 from epp.tools.sim.engine import EngineConfig
 from epp.tools.sim.server import SimServer, SimSettings
@@ -42,13 +42,6 @@ def parse_lora_module(text: str) -> tuple[str, str]:
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"LoRA module must be name=path, got {text!r}")
     return name, path
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
 
 
 def _non_negative(text: str) -> float:
@@ -89,10 +82,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--served-model-name", nargs="+", default=["base"], help="base model names; the first labels metrics"
     )
     g.add_argument("--model", default=None, help="base model path shown as `root` in /v1/models")
-    g.add_argument("--max-model-len", type=_positive_int, default=2048, help="context length in tokens")
+    g.add_argument("--max-model-len", type=positive_int, default=2048, help="context length in tokens")
     g.add_argument(
         "--default-max-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=16,
         help="tokens a completion without max_tokens generates (vLLM: 16); chat: the rest of the context",
     )
@@ -124,11 +117,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "(off by default, so demos can name adapters that exist nowhere)",
     )
     lg.add_argument(
-        "--max-loras", type=_positive_int, default=1, help="GPU adapter slots (adapters per batch)"
+        "--max-loras", type=positive_int, default=1, help="GPU adapter slots (adapters per batch)"
     )
     lg.add_argument(
         "--max-cpu-loras",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="host-memory adapter cache (≥ max-loras; default max-loras)",
     )
@@ -148,10 +141,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="step time × (1 + this × (distinct adapters in batch − 1))",
     )
     eg = parser.add_argument_group("engine")
-    eg.add_argument("--max-num-seqs", type=_positive_int, default=8, help="running batch size")
+    eg.add_argument("--max-num-seqs", type=positive_int, default=8, help="running batch size")
     eg.add_argument(
         "--max-num-batched-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=8192,
         help="tokens one step computes (decodes first, then prefill chunks), as vLLM's chunked prefill",
     )
@@ -168,12 +161,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     eg.add_argument(
         "--itl-batch-factor", type=_non_negative, default=0.05, help="ITL × (1 + this × (batch − 1))"
     )
-    eg.add_argument(
-        "--kv-cache-tokens", type=_positive_int, default=65536, help="KV cache capacity in tokens"
-    )
+    eg.add_argument("--kv-cache-tokens", type=positive_int, default=65536, help="KV cache capacity in tokens")
     eg.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=positive_int,
         default=16,
         help="KV block size in tokens (prefix hits are whole blocks)",
     )
