@@ -4,7 +4,7 @@ Run:  .venv/bin/python -m benchmarks.scrape_cost [--repeat 200] [--interval-ms 5
 
 For each real capture in `tests/fixtures/vllm-0.32.0/` it measures CPU time (time.process_time)
 per parse, averaged over `--repeat` parses in this process, for:
-  full      `parse_metrics_unfiltered` (tests/support/reference_parse.py): the whole page through
+  full      `parse_metrics_unfiltered` (testkit/reference_parse.py): the whole page through
             `text_string_to_metric_families`
   ours      `parse_metrics`: substring filter, then the ≈ 11 needed lines; cache_config memoised
   ours-cold `parse_metrics` when the cache_config line is new every time (a restarted server)
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from epp.picker.scrape.parse import parse_metrics, select_lines
-from tests.support.reference_parse import parse_metrics_unfiltered
+from testkit.reference_parse import parse_metrics_unfiltered
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32.0"
 

@@ -16,7 +16,7 @@ import pytest
 
 from e2e.client import Reply, complete, complete_many
 from e2e.stack import Stack, finished_from_log, picks_from_log
-from tests.support.waiting import eventually_value
+from testkit.waiting import eventually_value
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from e2e.stack import Baseline, Split, finished_by_in
 from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions, pool_yaml
-from tests.support import faults
+from testkit import faults
 
 POOL_NAME = "sim-pool"  # the name epp.tools.localstack gives its pool
 

@@ -18,7 +18,7 @@ import pytest
 from epp.picker.extproc.stream import BodyMode
 from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
-from tests.support import faults
+from testkit import faults
 
 ADAPTERS = ("adapter-0", "adapter-1", "adapter-2", "adapter-3")
 SHEDDABLE_OBJECTIVE = "batch-jobs"

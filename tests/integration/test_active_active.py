@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.picker.datastore.types import FailureMode
 from epp.picker.extproc.stream import BodyMode
 from epp.tools.localstack import EppSlot, LocalStack, StackOptions
+from testkit import faults
+from testkit.waiting import wait_until
 from tests.integration.conftest import SIM, _started, models_yaml
 from tests.integration.traffic import OpenLoad, Result
-from tests.support import faults
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

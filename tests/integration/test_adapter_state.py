@@ -27,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp._proto import adapterstate_pb2 as pb
 from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
+from testkit import faults
+from testkit.waiting import wait_until
 from tests.integration.conftest import _started, completion
-from tests.support import faults
 from tests.support.epp_metrics import epp_metric
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.tools.localstack import LocalStack, SimOptions
+from testkit import faults
 from tests.integration.conftest import ADAPTERS, EPP_STACK, SHEDDABLE_OBJECTIVE, Reply, completion, post
-from tests.support import faults
 
 pytestmark = pytest.mark.integration
 

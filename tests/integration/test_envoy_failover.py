@@ -15,9 +15,9 @@ from epp.picker.datastore.types import FailureMode
 from epp.picker.scheduling.policies import DEFAULT_CONFIG
 from epp.tools.envoy.bootstrap import BODY_MODES, EnvoyOptions
 from epp.tools.localstack import LocalStack
+from testkit import faults
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad
-from tests.support import faults
 
 pytestmark = pytest.mark.integration
 

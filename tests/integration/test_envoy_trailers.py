@@ -25,7 +25,9 @@ from epp.tools.envoy.bootstrap import EnvoyOptions
 from epp.tools.localstack import LocalStack
 from tests.integration.conftest import ADAPTERS, EPP_STACK
 
-h2_connection = pytest.importorskip("h2.connection", reason="the h2 library (test extra) is not installed")
+h2_connection = pytest.importorskip(
+    "h2.connection", reason="h2 not installed: .venv/bin/pip install -e '.[test]'"
+)
 h2_config = pytest.importorskip("h2.config")
 h2_events = pytest.importorskip("h2.events")
 

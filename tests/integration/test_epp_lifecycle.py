@@ -27,9 +27,9 @@ import pytest
 from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.bootstrap import BODY_MODES
 from epp.tools.localstack import LocalStack
+from testkit import faults
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
 from tests.integration.traffic import OpenLoad, Result, streams_through_an_epp_kill
-from tests.support import faults
 
 pytestmark = pytest.mark.integration
 

@@ -32,6 +32,7 @@ from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.picker.datastore.types import FailureMode
 from epp.tools.localstack import LocalStack
+from testkit import faults
 from tests.integration.conftest import ADAPTERS, EPP_STACK, Reply, _started, completion
 from tests.integration.test_serve_grpc import (
     BODY,
@@ -43,7 +44,6 @@ from tests.integration.test_serve_grpc import (
     start,
     write_pool,
 )
-from tests.support import faults
 
 pytestmark = pytest.mark.integration
 

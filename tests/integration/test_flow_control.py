@@ -30,9 +30,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.picker.extproc.stream import BodyMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
+from testkit.waiting import wait_until
 from tests.integration.conftest import _started, models_yaml
 from tests.integration.traffic import Result, completion_request
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -20,11 +20,11 @@ import pytest
 from epp.picker import wire
 from epp.tools.envoy.bootstrap import EPP_CLUSTER
 from epp.tools.localstack import LocalStack
+from testkit.waiting import wait_until
 from tests.deployment.test_manifests_gateway_access_log import GATEWAYS, istio_mesh_config, stack_objects
 from tests.integration.conftest import ADAPTERS, EPP_STACK, _started, completion
 from tests.support import gateway_access_log
 from tests.support.epp_metrics import epp_metric
-from tests.support.waiting import wait_until
 
 REQUESTS = 12
 

@@ -28,9 +28,9 @@ from epp.picker.datastore.types import FailureMode
 from epp.picker.extproc.stream import BodyMode
 from epp.tools.envoy.profiles import PROFILES, Gateway, apply_profile
 from epp.tools.localstack import LocalStack, StackOptions
+from testkit.waiting import wait_until
 from tests.integration.conftest import ADAPTERS, EPP_STACK
 from tests.integration.traffic import completion_request, streams_through_an_epp_kill
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ import pytest
 from epp.clock import SystemClock
 from epp.kube.watch import API_CALLS, KubeSource, PoolRef, WatchTiming
 from epp.picker.datastore.store import Datastore
+from testkit.waiting import eventually
 from tests.fakekube.plugin import KubeEnv, needs_fake
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

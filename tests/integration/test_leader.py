@@ -10,8 +10,8 @@ import pytest
 
 from epp.clock import SystemClock
 from epp.kube.leader import API_CALLS, LeaderElector, LeaseClaim, LeaseTiming, lease_name_for
+from testkit.waiting import eventually
 from tests.fakekube.plugin import KubeEnv
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

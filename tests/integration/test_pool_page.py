@@ -29,15 +29,15 @@ import aiohttp
 import pytest
 
 from epp.tools.localstack import LocalStack, StackOptions
+from testkit.waiting import eventually_value, wait_until
 from tests.integration.conftest import SIM, _started, completion, models_yaml
 from tests.integration.test_serve_grpc import FakePods, finish, settings, start, write_pool
-from tests.support.waiting import eventually_value, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium chromium-driver)"
+    CHROMIUM is None, reason="Chromium not installed: apt-get install -y chromium chromium-driver"
 )
 # Chromium as root in a container: no sandbox, no GPU, and nothing that reaches off the machine.
 CHROMIUM_FLAGS = (

@@ -24,7 +24,7 @@ from epp.clock import FakeClock, SystemClock
 from epp.picker.datastore import Datastore, EndpointState, PodInfo, Pool
 from epp.picker.scrape.parse import parse_metrics
 from epp.picker.scrape.refresher import MetricsRefresher, ScrapePacing
-from tests.support.waiting import eventually
+from testkit.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

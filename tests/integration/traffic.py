@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from epp.tools.localstack import LocalStack
-from tests.support import faults
+from testkit import faults
 
 REQUEST_TIMEOUT_S = 60.0
 

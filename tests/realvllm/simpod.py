@@ -10,8 +10,8 @@ import sys
 from collections.abc import Iterator
 
 from epp.tools.localstack import pick_pod_addresses
+from testkit.waiting import poll_until
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, get_text
-from tests.support.waiting import poll_until
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ import threading
 import time
 
 from epp.tools.envoy.bootstrap import RoutingMode
+from testkit.waiting import poll_until
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RawPage, RealPod, completion, idle, scrape
 from tests.realvllm.gateway import Gateway
-from tests.support.waiting import poll_until
 
 REQUESTS = 48
 CONCURRENCY = 8

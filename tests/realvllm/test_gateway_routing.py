@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from epp.tools.envoy.bootstrap import RoutingMode
+from testkit.waiting import poll_until
 from tests.realvllm.client import ADAPTERS, BASE_MODEL, RealPod, completion, idle, successes
 from tests.realvllm.gateway import EPP_CHOICE_HEADER, UPSTREAM_HOST_HEADER, Gateway
-from tests.support.waiting import poll_until
 
 MODELS = (BASE_MODEL, *ADAPTERS)
 ROUNDS = 3

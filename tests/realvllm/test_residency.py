@@ -17,8 +17,8 @@ from epp.picker.datastore.types import Endpoint, EndpointState, Metrics
 from epp.picker.scheduling.inflight import InflightTracker
 from epp.picker.scheduling.residency import ResidencyModel
 from epp.picker.scrape.parse import parse_metrics
+from testkit.waiting import poll_until
 from tests.realvllm.client import RealPod, completion, idle, scrape
-from tests.support.waiting import poll_until
 
 LONG_TOKENS = 300
 # Long enough (≈ 1 s) that a scrape every 50 ms sees the deferred adapter while it runs.

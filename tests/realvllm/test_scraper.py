@@ -14,6 +14,8 @@ import pytest
 
 from epp.picker.datastore.types import Metrics
 from epp.picker.scrape.parse import parse_metrics
+from testkit.reference_parse import parse_metrics_unfiltered
+from testkit.waiting import poll_until
 from tests.realvllm.client import (
     BASE_MODEL,
     RawPage,
@@ -23,8 +25,6 @@ from tests.realvllm.client import (
     idle,
     scrape,
 )
-from tests.support.reference_parse import parse_metrics_unfiltered
-from tests.support.waiting import poll_until
 
 SLOT_HOLDERS = ("lora-0", "lora-0", "lora-1", "lora-1")
 LONG_TOKENS = 300  # ≈ 4 s of decode on 2 cores: long enough to scrape mid-flight

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.picker.datastore.types import Metrics
 from epp.picker.scrape.parse import parse_metrics
+from testkit.waiting import poll_until
 from tests.realvllm.client import (
     BASE_MODEL,
     RawPage,
@@ -28,7 +29,6 @@ from tests.realvllm.client import (
     idle,
 )
 from tests.realvllm.simpod import running_sim
-from tests.support.waiting import poll_until
 
 ENUMERATED_LABELS = frozenset({"reason", "finished_reason", "source", "sleep_state", "le", "max_lora"})
 SAME_LOAD = (BASE_MODEL, "lora-0", "lora-1", "lora-0")

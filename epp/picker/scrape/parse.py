@@ -6,7 +6,7 @@ families (≈ 11 lines), so `select_lines` finds those lines with C-speed substr
 only they go to `prometheus_client`'s parser. `vllm:cache_config_info` (one line, ~37 labels)
 changes only on a restart, so it is parsed once per distinct raw line and memoised.
 
-The tests hold it against the same rules applied to a full parse (`tests/support/reference_parse.py`),
+The tests hold it against the same rules applied to a full parse (`testkit/reference_parse.py`),
 and `benchmarks/scrape_cost.py` shows what the filter saves.
 
 Rules (vLLM 0.32.0 as observed):

@@ -6,19 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.inference_perf import local
 from epp.errors import ConfigError
 from epp.tools.bench import policies, runner, scenario, utilization
 from epp.tools.bench.model import SimPod, SimRequest
 from epp.tools.bench.sim_cost import SimLatencyProfile
 from epp.tools.vllm_pod.lora import AdapterTier
+from testkit import inference_perf
 
 
 @pytest.mark.parametrize("name", ["cheap-swaps", "cheap-swaps-moderate"])
 def test_cheap_swaps_is_the_loopbacks_pool(name: str) -> None:
     """Same pods, slots, host cache and sim latencies as `python -m benchmarks.inference_perf.local`."""
     sc = scenario.load(name)
-    stack = local.stack_options(3, max_cpu_loras=4)
+    stack = inference_perf.stack_options(3, max_cpu_loras=4)
     assert sc.replicas == stack.pods
     assert sc.pod_config.max_loras == stack.sim.max_loras
     assert sc.pod_config.max_cpu_loras == 4 == len(sc.workload.adapters)

@@ -13,7 +13,7 @@ import pytest
 
 from epp.picker.datastore.types import Metrics
 from epp.picker.scrape.parse import MetricNames, MetricsParseError, parse_metrics, select_lines
-from tests.support.reference_parse import parse_metrics_unfiltered
+from testkit.reference_parse import parse_metrics_unfiltered
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
 PAGES = sorted(p.name for p in FIXTURES.glob("*.txt"))

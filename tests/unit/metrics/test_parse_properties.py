@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from epp.picker.datastore.types import Metrics
 from epp.picker.scrape.parse import DEFAULT_NAMES, MetricsParseError, parse_metrics
-from tests.support.reference_parse import parse_metrics_unfiltered
+from testkit.reference_parse import parse_metrics_unfiltered
 
 WANTED = (
     DEFAULT_NAMES.waiting,

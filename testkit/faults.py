@@ -1,7 +1,7 @@
 """Faults injected into a `LocalStack`: crashed pods, sidecars and EPPs, pods gone unready,
 restarts and rollouts; and the logs to read when a stack fails.
 
-They live with the tests rather than in `epp.tools.localstack`, which `epp demo` and
+They live beside the tests rather than in `epp.tools.localstack`, which `epp demo` and
 `epp bench --live` ship: only the integration tests and the loopback e2e stack break things.
 """
 
@@ -11,7 +11,7 @@ import contextlib
 import subprocess
 
 from epp.tools.localstack import Child, LocalStack, StackError
-from tests.support.waiting import wait_until
+from testkit.waiting import wait_until
 
 
 def _kill(child: Child) -> None:
