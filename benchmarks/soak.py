@@ -64,8 +64,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
-import aiohttp
-
+from epp.tools import loadgen
 from epp.tools.bench.workload import read_trace, resolve_trace
 from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
@@ -81,23 +80,6 @@ EPP_STACKS = ("epp", "epp+responses")
 BASELINE_STACK = "baseline+responses"  # --baseline-tree: another checkout's EPP, responses through it
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Request:
-    model: str
-    max_tokens: int
-    stream: bool
-
-    def body(self, index: int) -> bytes:
-        payload: dict[str, object] = {
-            "model": self.model,
-            "prompt": f"request {index}: say hello",
-            "max_tokens": self.max_tokens,
-        }
-        if self.stream:
-            payload |= {"stream": True, "stream_options": {"include_usage": True}}
-        return json.dumps(payload).encode()
-
-
 @dataclasses.dataclass(slots=True)
 class Samples:
     latencies_s: list[float] = dataclasses.field(default_factory=list)
@@ -105,13 +87,19 @@ class Samples:
     tokens: int = 0
     statuses: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def add(self, status: int, latency_s: float, tokens: int) -> None:
-        self.statuses[status] = self.statuses.get(status, 0) + 1
-        if status == 200:
-            self.latencies_s.append(latency_s)
-            self.tokens += tokens
-        else:
-            self.errors += 1
+    @classmethod
+    def of(cls, answers: Sequence[loadgen.Answer]) -> Samples:
+        """Answers as counted here: 200 and whole is served; a 200 cut short counts as status -1."""
+        samples = cls()
+        for answer in answers:
+            status = -1 if answer.status == 200 and not answer.whole else answer.status
+            samples.statuses[status] = samples.statuses.get(status, 0) + 1
+            if status == 200:
+                samples.latencies_s.append(answer.e2e_s)
+                samples.tokens += answer.completion_tokens
+            else:
+                samples.errors += 1
+        return samples
 
     @property
     def served(self) -> int:
@@ -191,7 +179,11 @@ def ext_proc_messages(stack: LocalStack) -> int:
     return sum(int(line.rsplit(":", 1)[1]) for line in text.splitlines() if ":" in line)
 
 
-def trace_requests(seed: int) -> Iterator[Request]:
+def _request(index: int, model: str, max_tokens: int, stream: bool) -> loadgen.Request:
+    return loadgen.Request.completion(model, max_tokens, stream=stream, prompt=f"request {index}: say hello")
+
+
+def trace_requests(seed: int) -> Iterator[loadgen.Request]:
     """Endless requests: output lengths drawn from the Azure conversation trace, half streamed."""
     lengths = [
         min(MAX_TRACE_TOKENS, max(1, row.generated_tokens)) for row in read_trace(resolve_trace("azure-conv"))
@@ -200,80 +192,43 @@ def trace_requests(seed: int) -> Iterator[Request]:
     index = 0
     while True:
         model = ADAPTERS[index % len(ADAPTERS)] if index % 5 else "base"
-        yield Request(model, rng.choice(lengths), stream=index % 2 == 0)
+        yield _request(index, model, rng.choice(lengths), stream=index % 2 == 0)
         index += 1
 
 
-def fixed_requests(max_tokens: int, stream: bool) -> Iterator[Request]:
+def fixed_requests(max_tokens: int, stream: bool) -> Iterator[loadgen.Request]:
     index = 0
     while True:
-        yield Request(ADAPTERS[index % len(ADAPTERS)], max_tokens, stream)
+        yield _request(index, ADAPTERS[index % len(ADAPTERS)], max_tokens, stream)
         index += 1
-
-
-async def send(
-    session: aiohttp.ClientSession, url: str, request: Request, index: int, samples: Samples
-) -> None:
-    started = time.perf_counter()
-    try:
-        async with session.post(
-            url, data=request.body(index), headers={"content-type": "application/json"}
-        ) as response:
-            data = await response.read()
-            status = response.status
-    except (aiohttp.ClientError, TimeoutError):
-        status, data = 0, b""
-    if status == 200 and request.stream and not data.endswith(b"data: [DONE]\n\n"):
-        status = -1  # cut short
-    samples.add(status, time.perf_counter() - started, request.max_tokens)
 
 
 async def open_loop(
-    targets: Sequence[Sequence[str]], rate: float, count: int, source: Iterator[Request]
+    targets: Sequence[Sequence[str]], rate: float, count: int, source: Iterator[loadgen.Request]
 ) -> list[Samples]:
-    """`count` requests at `rate` requests/s to each target (its URLs in turn), whatever the
+    """`count` requests at `rate` requests/s to each target (its base URLs in turn), whatever the
     replies' pace (in flight capped)."""
-    results = [Samples() for _ in targets]
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    connector = aiohttp.TCPConnector(limit=0)
-    pending: set[asyncio.Task[None]] = set()
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        start = time.perf_counter()
-        for index in range(count):
-            delay = start + index / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            request = next(source)
-            for urls, samples in zip(targets, results, strict=True):
-                if len(pending) < 2000:
-                    url = urls[index % len(urls)]
-                    task = asyncio.create_task(send(session, url, request, index, samples))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                else:
-                    samples.add(0, 0.0, 0)
-        await asyncio.gather(*pending)
-    return results
+    schedule = loadgen.at_rate(rate, [next(source) for _ in range(count)])
+    runs = await asyncio.gather(
+        *(
+            loadgen.open_loop(tuple(urls), schedule, timeout_s=REQUEST_TIMEOUT_S, lead_s=0.0)
+            for urls in targets
+        )
+    )
+    return [Samples.of(answers) for answers in runs]
 
 
 async def closed_loop(
-    urls: Sequence[str], concurrency: int, requests: int, source: Iterator[Request]
+    urls: Sequence[str], concurrency: int, requests: int, source: Iterator[loadgen.Request]
 ) -> tuple[Samples, float]:
-    """`requests` requests from `concurrency` workers, to `urls` in turn; samples and seconds taken."""
-    samples = Samples()
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    counter = iter(range(requests))
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        for index in counter:
-            await send(session, urls[index % len(urls)], next(source), index, samples)
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        elapsed_s = time.perf_counter() - started
-    return samples, elapsed_s
+    """`requests` requests from `concurrency` clients, to `urls` (base URLs) in turn; samples and
+    seconds taken."""
+    batch = [next(source) for _ in range(requests)]
+    started = time.perf_counter()
+    answers = await loadgen.closed_loop(
+        tuple(urls), batch, concurrency=concurrency, timeout_s=REQUEST_TIMEOUT_S
+    )
+    return Samples.of(answers), time.perf_counter() - started
 
 
 def stack_options(
@@ -335,11 +290,11 @@ class EppUnderTest:
 
     @property
     def url(self) -> str:
-        return f"{self.stack.gateway_url}/v1/completions"
+        return self.stack.gateway_url
 
     @property
     def pod_urls(self) -> list[str]:
-        return [f"{pod.url}/v1/completions" for pod in self.stack.pods]
+        return [pod.url for pod in self.stack.pods]
 
     async def measure(self, load: Callable[[Sequence[str]], Awaitable[Samples]]) -> Measured:
         """`load` straight to the pods (the EPP only scrapes them, as busy as they will be), then
@@ -361,7 +316,7 @@ class EppUnderTest:
 
 
 def closed(
-    concurrency: int, requests: int, source: Callable[[], Iterator[Request]]
+    concurrency: int, requests: int, source: Callable[[], Iterator[loadgen.Request]]
 ) -> Callable[[Sequence[str]], Awaitable[Samples]]:
     """A closed loop of `requests` at `concurrency`, each run drawing from a fresh `source()`."""
 
@@ -373,7 +328,7 @@ def closed(
 
 
 def opened(
-    rate: float, requests: int, source: Callable[[], Iterator[Request]]
+    rate: float, requests: int, source: Callable[[], Iterator[loadgen.Request]]
 ) -> Callable[[Sequence[str]], Awaitable[Samples]]:
     """An open loop of `requests` at `rate` per second, each run drawing from a fresh `source()`."""
 
@@ -480,7 +435,7 @@ async def hot_path(
     direct_envoy = direct.envoy.pid if direct.envoy is not None else None
     envoy_before = cpu_s(direct_envoy)
     direct_samples, direct_s = await closed_loop(
-        [f"{direct.gateway_url}/v1/completions"], HOT_CONCURRENCY, requests, fixed_requests(1, False)
+        [direct.gateway_url], HOT_CONCURRENCY, requests, fixed_requests(1, False)
     )
     report["direct"] = {
         "rps": round(direct_samples.served / direct_s, 1),
@@ -551,7 +506,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         direct = stacks.enter_context(
             LocalStack(stack_options(args.pods, RoutingMode.ROUND_ROBIN, False), seed=len(variants) + 1)
         )
-        direct_url = f"{direct.gateway_url}/v1/completions"
+        direct_url = direct.gateway_url
         if args.pin:
             results["pinned_cpus"] = pin_stacks([epp.pid for epp in epps])
         for epp in epps:  # warm-up: connections, adapters loaded, the access-log stream open

@@ -80,8 +80,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 async def _drive(base_url: str, plan: list[str], concurrency: int, max_tokens: int, label: str) -> RunResult:
-    bodies = [
-        {"model": adapter, "prompt": f"Summarise ticket {n}.", "max_tokens": max_tokens}
+    requests = [
+        loadgen.Request.completion(adapter, max_tokens, prompt=f"Summarise ticket {n}.")
         for n, adapter in enumerate(plan, start=1)
     ]
     every = max(1, len(plan) // 10)
@@ -91,9 +91,11 @@ async def _drive(base_url: str, plan: list[str], concurrency: int, max_tokens: i
             print(f"\r  {label}: {done}/{len(plan)} requests", end="", flush=True)
 
     started = time.perf_counter()
-    timings = await loadgen.closed_loop(base_url, bodies, concurrency=concurrency, timeout_s=60, on_done=show)
+    answers = await loadgen.closed_loop(
+        (base_url,), requests, concurrency=concurrency, timeout_s=60, on_done=show
+    )
     print(flush=True)
-    latencies = tuple(t.e2e_s for t in timings if t is not None)
+    latencies = tuple(a.e2e_s for a in answers if a.served)
     return RunResult(
         label, len(plan), len(plan) - len(latencies), 0, latencies, time.perf_counter() - started
     )

@@ -24,11 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.picker.datastore.types import FailureMode
 from epp.picker.extproc.stream import BodyMode
+from epp.tools.loadgen import Answer
 from epp.tools.localstack import EppSlot, LocalStack, StackOptions
 from testkit import faults
 from testkit.waiting import wait_until
 from tests.integration.conftest import SIM, _started, models_yaml
-from tests.integration.traffic import OpenLoad, Result
+from tests.integration.traffic import open_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -67,13 +68,13 @@ def peers_page(slot: EppSlot) -> dict[str, object]:
     return page
 
 
-def failures(results: list[Result]) -> list[tuple[int, bool, str]]:
+def failures(results: list[Answer]) -> list[tuple[int, bool, str]]:
     return [(r.status, r.whole, r.error) for r in results if r.status != 200 or not r.whole]
 
 
-def serve_sequence(stack: LocalStack) -> tuple[list[Result], float]:
+def serve_sequence(stack: LocalStack) -> tuple[list[Answer], float]:
     """The whole sequence at 20 requests/s; returns the results and the pods' adapter loads."""
-    with OpenLoad(stack, SEQUENCE, rate=20.0, max_requests=len(SEQUENCE)) as load:
+    with open_load(stack, SEQUENCE, rate=20.0, max_requests=len(SEQUENCE)) as load:
         load.wait_sent(len(SEQUENCE))
         results = load.stop()
     return results, sum(stack.adapter_loads().values())
@@ -113,7 +114,7 @@ def test_two_replicas_both_route_and_load_adapters_about_as_often_as_one() -> No
 def test_killing_one_of_two_replicas_under_load_leaves_the_other_routing(own_stack: LocalStack) -> None:
     survivor, victim = own_stack.epp_slots[0], own_stack.epp_slot
     assert victim is not None and victim is not survivor
-    with OpenLoad(own_stack, ADAPTERS, rate=30.0) as load:
+    with open_load(own_stack, ADAPTERS, rate=30.0) as load:
         load.wait_sent(30)
         killed_at = time.monotonic()
         faults.stop_epp(own_stack)  # SIGKILL the replica started last

@@ -17,7 +17,7 @@ from epp.tools.envoy.bootstrap import BODY_MODES, EnvoyOptions
 from epp.tools.localstack import LocalStack
 from testkit import faults
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
-from tests.integration.traffic import OpenLoad
+from tests.integration.traffic import open_load
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ GENERATED_FAIL_OPEN = dataclasses.replace(
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("own_stack", [GENERATED_FAIL_OPEN], indirect=True, ids=["generated-default"])
 def test_killing_the_epp_under_load_loses_no_request_in_fail_open(own_stack: LocalStack) -> None:
-    with OpenLoad(own_stack, ADAPTERS, rate=30.0, max_requests=600) as load:
+    with open_load(own_stack, ADAPTERS, rate=30.0, max_requests=600) as load:
         load.wait_sent(30)
         faults.stop_epp(own_stack)  # SIGKILL, mid-routing for whatever it was routing
         faults.wait_envoy_sees_epp_down(own_stack)

@@ -26,10 +26,11 @@ import pytest
 
 from epp.picker.datastore.types import FailureMode
 from epp.tools.envoy.bootstrap import BODY_MODES
+from epp.tools.loadgen import Answer
 from epp.tools.localstack import LocalStack
 from testkit import faults
 from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
-from tests.integration.traffic import OpenLoad, Result, streams_through_an_epp_kill
+from tests.integration.traffic import open_load, streams_through_an_epp_kill
 
 pytestmark = pytest.mark.integration
 
@@ -77,13 +78,13 @@ def _decisions(stack: LocalStack) -> list[dict[str, object]]:
     return decisions
 
 
-def _summary(results: list[Result]) -> list[tuple[int, bool, str]]:
+def _summary(results: list[Answer]) -> list[tuple[int, bool, str]]:
     return [(r.status, r.whole, r.error) for r in results if r.status != 200 or not r.whole]
 
 
 @pytest.mark.parametrize("own_stack", ROLLING, indirect=True, ids=lambda o: o.failure_mode.name)
 def test_a_rolling_restart_under_load_answers_every_request(own_stack: LocalStack) -> None:
-    with OpenLoad(own_stack, ADAPTERS, rate=30.0) as load:
+    with open_load(own_stack, ADAPTERS, rate=30.0) as load:
         load.wait_sent(30)
         faults.rolling_restart_epp(own_stack)  # returns once the old EPP has drained and exited
         after_restart = load.sent()
@@ -103,7 +104,7 @@ def test_a_rolling_restart_under_load_answers_every_request(own_stack: LocalStac
     ids=["FAIL_OPEN"],
 )
 def test_a_killed_epp_fails_only_requests_sent_before_envoy_saw_it_down(own_stack: LocalStack) -> None:
-    with OpenLoad(own_stack, ADAPTERS, rate=30.0) as load:
+    with open_load(own_stack, ADAPTERS, rate=30.0) as load:
         load.wait_sent(30)
         killed_at = time.monotonic()
         faults.stop_epp(own_stack)

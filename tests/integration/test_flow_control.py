@@ -29,10 +29,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.picker.extproc.stream import BodyMode
+from epp.tools.loadgen import Answer
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from testkit.waiting import wait_until
 from tests.integration.conftest import _started, models_yaml
-from tests.integration.traffic import Result, completion_request
+from tests.integration.traffic import completion_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -73,7 +74,7 @@ def queued_now(stack: LocalStack) -> int:
     return int(view["queued"])
 
 
-def burst(stack: LocalStack, count: int = CONCURRENT) -> list[concurrent.futures.Future[Result]]:
+def burst(stack: LocalStack, count: int = CONCURRENT) -> list[concurrent.futures.Future[Answer]]:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=count)
     futures = [
         pool.submit(completion_request, stack, ADAPTERS[i % len(ADAPTERS)], MAX_TOKENS, stream=i % 2 == 0)

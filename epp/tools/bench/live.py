@@ -98,17 +98,19 @@ def _simulated(policy: str, seed: int, epp_replicas: int) -> LiveFigures:
     )
 
 
-def _schedule(requests: list[SimRequest]) -> list[tuple[float, loadgen.Body]]:
+def _schedule(requests: list[SimRequest]) -> list[tuple[float, loadgen.Request]]:
     """Each request's arrival offset and the streamed completion a client sends then."""
     return [
         (
             r.arrival_s,
-            {
-                "model": r.adapter,
-                "prompt": workload.prompt_text(r),
-                "max_tokens": r.output_tokens,
-                "stream": True,
-            },
+            loadgen.Request(
+                {
+                    "model": r.adapter,
+                    "prompt": workload.prompt_text(r),
+                    "max_tokens": r.output_tokens,
+                    "stream": True,
+                }
+            ),
         )
         for r in requests
     ]
@@ -125,10 +127,10 @@ def _live(policy: str, seed: int, epp_replicas: int) -> LiveFigures:
     with LocalStack(options, seed=seed) as stack:
         before = sum(stack.adapter_loads().values())
         results = asyncio.run(
-            loadgen.open_loop(stack.gateway_url, _schedule(requests), timeout_s=REQUEST_TIMEOUT_S)
+            loadgen.open_loop((stack.gateway_url,), _schedule(requests), timeout_s=REQUEST_TIMEOUT_S)
         )
         loads = sum(stack.adapter_loads().values()) - before
-    ok = [r for r in results if r is not None]
+    ok = [r for r in results if r.served]
     return LiveFigures(
         requests=len(requests),
         errors=len(requests) - len(ok),
