@@ -227,6 +227,11 @@ class Child:
         except FileNotFoundError:
             return ""
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: `stop()` then waits (stopping many, signal them all first)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+
     def stop(self, grace_s: float = 5.0) -> None:
         if self.process.poll() is not None:
             return
@@ -473,14 +478,15 @@ class LocalStack:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _stop_processes(self) -> None:
+        # Envoy first (no new requests), then every other child signalled at once and waited for:
+        # each takes a moment to exit, and one after the other those moments add up.
         if self.envoy is not None:
             self.envoy.stop()
-        for slot in self._slots:
-            if slot.process is not None:
-                slot.process.stop()
-        for child in self._sidecars.values():
-            child.stop()
-        for child in self._sims.values():
+        children = [slot.process for slot in self._slots if slot.process is not None]
+        children += [*self._sidecars.values(), *self._sims.values()]
+        for child in children:
+            child.terminate()
+        for child in children:
             child.stop()
 
     def __enter__(self) -> LocalStack:
