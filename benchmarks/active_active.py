@@ -66,7 +66,7 @@ async def measure(replicas: int, peer_tls: bool, args: argparse.Namespace) -> Fi
         loads_before = sum(stack.adapter_loads().values())
         started, cpu_before = time.perf_counter(), epp_cpu_s(stack, replicas)
         [samples] = await open_loop(
-            [[f"{stack.gateway_url}/v1/completions"]], args.rate, args.requests, trace_requests(args.seed)
+            [[stack.gateway_url]], args.rate, args.requests, trace_requests(args.seed)
         )
         elapsed_s = time.perf_counter() - started
         net_cpu_s = epp_cpu_s(stack, replicas) - cpu_before - background_per_s * elapsed_s

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import time
 import urllib.request
 from typing import Any
 
@@ -13,7 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.tools.localstack import LocalStack, SimOptions
 from testkit import faults
+from testkit.waiting import eventually_value, wait_until
 from tests.integration.conftest import ADAPTERS, EPP_STACK, SHEDDABLE_OBJECTIVE, Reply, completion, post
+from tests.support.epp_metrics import epp_metric
 
 pytestmark = pytest.mark.integration
 
@@ -78,20 +79,15 @@ def test_a_client_destination_header_is_never_followed(fdx_stack: LocalStack, sp
 
 
 def test_no_ready_endpoints_is_503_and_recovers(own_stack: LocalStack) -> None:
-    faults.write_pool_file(own_stack, own_stack.pool_file_text(ready=False))
-    deadline = time.monotonic() + 15
-    reply = completion(own_stack, ADAPTERS[0])
-    while reply.status != 503 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    def answered(status: int) -> Reply | None:
         reply = completion(own_stack, ADAPTERS[0])
-    assert reply.status == 503, reply.body
+        return reply if reply.status == status else None
+
+    faults.write_pool_file(own_stack, own_stack.pool_file_text(ready=False))
+    reply = eventually_value(lambda: answered(503), within_s=15, what="a 503 once no pod is ready")
     assert _error(reply)["type"] == "ServiceUnavailable"
     faults.write_pool_file(own_stack, own_stack.pool_file_text(ready=True))
-    deadline = time.monotonic() + 15
-    while reply.status != 200 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        reply = completion(own_stack, ADAPTERS[0])
-    assert reply.status == 200
+    eventually_value(lambda: answered(200), within_s=15, what="a 200 once the pods are ready again")
 
 
 def _empty_subset_hint(bootstrap: dict[str, Any]) -> None:
@@ -156,10 +152,12 @@ def test_sheddable_requests_are_shed_with_429_when_the_pool_is_saturated(own_sta
     with concurrent.futures.ThreadPoolExecutor(max_workers=9) as pool:
         # Load the pod directly, not through the EPP: 9 requests, 8 of them waiting (> 5).
         busy = [pool.submit(post, f"{pod.url}/v1/completions", body) for _ in range(9)]
-        deadline = time.monotonic() + 3
-        while _waiting_requests(pod.url) <= 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)  # a few EPP scrapes (50 ms)
+        wait_until(lambda: _waiting_requests(pod.url) > 5, "the pod has more than 5 requests waiting")
+        # ... and the EPP has scraped it so: it sheds on what it last saw.
+        wait_until(
+            lambda: epp_metric(own_stack, "inference_pool_per_pod_queue_size") > 5,
+            "the EPP sees the pod's queue",
+        )
         reply = completion(own_stack, ADAPTERS[0], headers=sheddable)
         assert reply.status == 429, reply.body
         assert _error(reply)["type"] == "InferencePoolResourceExhausted"

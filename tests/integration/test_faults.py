@@ -33,6 +33,7 @@ from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as 
 from epp.picker.datastore.types import FailureMode
 from epp.tools.localstack import LocalStack
 from testkit import faults
+from testkit.waiting import wait_until
 from tests.integration.conftest import ADAPTERS, EPP_STACK, Reply, _started, completion
 from tests.integration.test_serve_grpc import (
     BODY,
@@ -121,12 +122,19 @@ def test_an_epp_restart_under_load(own_stack: LocalStack) -> None:
             replies.append((time.monotonic(), reply))
             index += 1
 
+    def served_after(moment: float) -> list[float]:
+        return [t for t, reply in list(replies) if t > moment and reply.status == 200]
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         workers = [pool.submit(load) for _ in range(4)]
-        time.sleep(1.0)
+        wait_until(lambda: len(served_after(0.0)) >= 20, "the load is served before the restart")
         faults.restart_epp(own_stack)
         back_at = time.monotonic()
-        time.sleep(3.0)
+        # Load goes on until the new EPP has served a while: the first answer after the restart
+        # and 100 more, whatever the machine's pace.
+        wait_until(
+            lambda: len(served_after(back_at)) > 100, "100 requests served after the restart", within_s=30
+        )
         stop.set()
         for worker in workers:
             worker.result(timeout=60)  # no request hung

@@ -8,7 +8,6 @@ import contextlib
 import pathlib
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -20,19 +19,11 @@ from epp._proto import adapterstate_pb2_grpc as pb_grpc
 from epp.clock import SystemClock
 from epp.picker.adapters.sidecar_client import SidecarWatcher
 from epp.tools.localstack import free_port
+from testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 WITHIN_S = 10.0
-
-
-def _wait(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WITHIN_S
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not within {WITHIN_S}s")
 
 
 def _http_ok(url: str) -> bool:
@@ -66,7 +57,7 @@ def sim_url() -> Iterator[str]:
     )
     try:
         url = f"http://{host}:{port}"
-        _wait(lambda: _http_ok(f"{url}/health"), "sim healthy")
+        wait_until(lambda: _http_ok(f"{url}/health"), "sim healthy", within_s=WITHIN_S)
         yield url
     finally:
         _stop(process)

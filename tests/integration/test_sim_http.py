@@ -109,6 +109,16 @@ def loads_of(values: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> di
     }
 
 
+async def running_on(http: aiohttp.ClientSession, url: str, count: int) -> None:
+    """Until the sim counts `count` requests running (bounded: 10 s)."""
+    for _ in range(1000):
+        values = await metrics(http, url)
+        if sum(v for (name, _), v in values.items() if name == "vllm:num_requests_running") >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{url}: not {count} requests running within 10 s")
+
+
 async def complete(
     http: aiohttp.ClientSession, url: str, model: str | None, **extra: object
 ) -> dict[str, object]:
@@ -335,7 +345,7 @@ async def test_concurrent_requests_on_two_adapters_wait_deferred(
         return await complete(http, sim.url, model, max_tokens=tokens)
 
     long_a = asyncio.create_task(long_request("a", 300))
-    await asyncio.sleep(0.1)
+    await running_on(http, sim.url, 1)  # a holds the only slot before b asks
     short_b = asyncio.create_task(long_request("b", 1))
     seen_deferred = 0.0
     for _ in range(50):  # bounded poll while a holds the only slot
@@ -483,7 +493,7 @@ async def test_sigterm_lets_in_flight_requests_finish(http: aiohttp.ClientSessio
         request = asyncio.create_task(
             http.post(f"{proc.url}/v1/completions", json={"prompt": "x", "max_tokens": 150})
         )
-        await asyncio.sleep(0.1)
+        await running_on(http, proc.url, 1)  # in flight when the signal comes
         proc.process.send_signal(signal.SIGTERM)
         response = await asyncio.wait_for(request, timeout=10)
         assert response.status == 200
