@@ -127,15 +127,15 @@ def test_an_epp_restart_under_load(own_stack: LocalStack) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         workers = [pool.submit(load) for _ in range(4)]
-        wait_until(lambda: len(served_after(0.0)) >= 20, "the load is served before the restart")
-        faults.restart_epp(own_stack)
-        back_at = time.monotonic()
-        # Load goes on until the new EPP has served a while: the first answer after the restart
-        # and 100 more, whatever the machine's pace.
-        wait_until(
-            lambda: len(served_after(back_at)) > 100, "100 requests served after the restart", within_s=30
-        )
-        stop.set()
+        try:
+            wait_until(lambda: len(served_after(0.0)) >= 20, "the load is served before the restart")
+            faults.restart_epp(own_stack)
+            back_at = time.monotonic()
+            # Load goes on until the new EPP has served a while: the first answer after the
+            # restart and 100 more, whatever the machine's pace.
+            wait_until(lambda: len(served_after(back_at)) > 100, "100 served after the restart", within_s=30)
+        finally:
+            stop.set()  # whatever failed, the workers stop now
         for worker in workers:
             worker.result(timeout=60)  # no request hung
     statuses = [r.status for _, r in replies]
