@@ -43,10 +43,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 @pytest.fixture(scope="module")
 def inference_perf_venv() -> pathlib.Path:
     """The virtualenv with inference-perf in it; the test is skipped when there is none."""
-    venv = pathlib.Path(os.environ.get("EPP_INFERENCE_PERF_VENV", ".venv-inference-perf"))
-    if not os.access(venv / "bin" / "inference-perf", os.X_OK):
-        pytest.skip(f"inference-perf not installed: {inference_perf.install_command(venv)}")
-    return venv
+    configured = pathlib.Path(os.environ.get("EPP_INFERENCE_PERF_VENV", ".venv-inference-perf"))
+    if not os.access(configured / "bin" / "inference-perf", os.X_OK):
+        pytest.skip(f"inference-perf not installed: {inference_perf.install_command(configured)}")
+    return configured.absolute()  # inference-perf runs in a temporary directory
 
 
 @pytest.fixture(scope="module")
