@@ -5,38 +5,11 @@ same loggers is tests/integration/test_gateway_access_log.py."""
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support import gateway_access_log as access_log
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-GATEWAYS = ("kgateway", "istio", "envoy-gateway")
-
-
-def _resources(path: pathlib.Path) -> list[dict[str, Any]]:
-    """The objects a kustomization (or a file) holds, its resources followed the way kustomize does."""
-    if path.is_dir():
-        kustomization = yaml.safe_load((path / "kustomization.yaml").read_text())
-        return [obj for resource in kustomization["resources"] for obj in _resources(path / resource)]
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def stack_objects(gateway: str) -> list[dict[str, Any]]:
-    """What a user applies for `gateway`: the EPP, the pool and the gateway's directory."""
-    return [
-        *_resources(ROOT / "manifests" / "epp"),
-        *_resources(ROOT / "manifests" / "samples" / "inferencepool.yaml"),
-        *_resources(ROOT / "manifests" / "gateway" / gateway),
-    ]
-
-
-def istio_mesh_config() -> dict[str, Any]:
-    values: dict[str, Any] = yaml.safe_load((ROOT / "manifests/gateway/istio/values.yaml").read_text())
-    return dict(values["meshConfig"])
 
 
 def _epp_serves_tls(objects: list[dict[str, Any]]) -> bool:
@@ -45,10 +18,10 @@ def _epp_serves_tls(objects: list[dict[str, Any]]) -> bool:
     return "--secure-serving=false" not in container["args"]
 
 
-@pytest.mark.parametrize("gateway", GATEWAYS)
+@pytest.mark.parametrize("gateway", access_log.GATEWAYS)
 def test_the_gateway_logs_routed_requests_to_the_epp(gateway: str) -> None:
-    objects = stack_objects(gateway)
-    found = access_log.plans(objects, istio_mesh_config=istio_mesh_config())
+    objects = access_log.stack_objects(gateway)
+    found = access_log.plans(objects, istio_mesh_config=access_log.istio_mesh_config())
     assert [(p.provider, p.gateway) for p in found] == [(gateway, "inference-gateway")]
     errors = access_log.reference_errors(
         found, objects, namespace="default", epp_tls=_epp_serves_tls(objects)
@@ -58,7 +31,7 @@ def test_the_gateway_logs_routed_requests_to_the_epp(gateway: str) -> None:
 
 def test_a_log_to_the_wrong_port_or_without_tls_is_caught() -> None:
     """The checks above can fail: a policy pointing at the metrics port, plain text to a TLS EPP."""
-    objects = stack_objects("kgateway")
+    objects = access_log.stack_objects("kgateway")
     for obj in objects:
         if obj["kind"] == "HTTPListenerPolicy":
             obj["spec"]["accessLog"][0]["grpcService"]["backendRef"]["port"] = 9090
@@ -71,7 +44,7 @@ def test_a_log_to_the_wrong_port_or_without_tls_is_caught() -> None:
 
 
 def test_a_header_filter_that_does_not_record_the_header_is_caught() -> None:
-    objects = stack_objects("envoy-gateway")
+    objects = access_log.stack_objects("envoy-gateway")
     for obj in objects:
         if obj["kind"] == "EnvoyProxy":
             obj["spec"]["telemetry"]["accessLog"]["settings"][0]["sinks"][0]["als"]["http"][
@@ -83,6 +56,6 @@ def test_a_header_filter_that_does_not_record_the_header_is_caught() -> None:
 
 
 def test_istio_provider_in_the_mesh_config_names_what_the_telemetry_asks_for() -> None:
-    (telemetry,) = [o for o in stack_objects("istio") if o["kind"] == "Telemetry"]
-    names = {p["name"] for p in istio_mesh_config()["extensionProviders"]}
+    (telemetry,) = [o for o in access_log.stack_objects("istio") if o["kind"] == "Telemetry"]
+    names = {p["name"] for p in access_log.istio_mesh_config()["extensionProviders"]}
     assert {p["name"] for p in telemetry["spec"]["accessLogging"][0]["providers"]} <= names

@@ -37,7 +37,7 @@ from epp.picker.extproc.stream import Pending, StreamHandler, StreamOptions
 from epp.picker.lifecycle import Ending
 from epp.tools.localstack import free_port, pick_pod_addresses
 from testkit.waiting import eventually
-from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
+from tests.support.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -26,8 +26,8 @@ from epp.kube.api import AsyncKubeApi, load_api_client
 from epp.operator.controller.adapter_survey import AdapterSurvey
 from epp.operator.controller.reconcile import Outcome, Reconciler
 from epp.tools.localstack import pick_pod_addresses
+from testkit.waiting import wait_until
 from tests.fakekube.plugin import KubeEnv, needs_fake
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -21,7 +21,6 @@ from epp.picker import wire
 from epp.tools.envoy.bootstrap import EPP_CLUSTER
 from epp.tools.localstack import LocalStack
 from testkit.waiting import wait_until
-from tests.deployment.test_manifests_gateway_access_log import GATEWAYS, istio_mesh_config, stack_objects
 from tests.integration.conftest import ADAPTERS, EPP_STACK, _started, completion
 from tests.support import gateway_access_log
 from tests.support.epp_metrics import epp_metric
@@ -30,7 +29,9 @@ REQUESTS = 12
 
 
 def _plan(gateway: str) -> gateway_access_log.AccessLogPlan:
-    (plan,) = gateway_access_log.plans(stack_objects(gateway), istio_mesh_config=istio_mesh_config())
+    (plan,) = gateway_access_log.plans(
+        gateway_access_log.stack_objects(gateway), istio_mesh_config=gateway_access_log.istio_mesh_config()
+    )
     return plan
 
 
@@ -73,7 +74,7 @@ def _hook(gateway: str) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
-@pytest.fixture(params=GATEWAYS)
+@pytest.fixture(params=gateway_access_log.GATEWAYS)
 def gateway_stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     gateway: str = request.param
     assert _plan(gateway).tls, "the manifests speak TLS to the EPP; so does this stack"

@@ -47,7 +47,7 @@ from epp.serve.settings import (
     ScrapeSettings,
     ServeSettings,
 )
-from tests.unit.fake_scheduler import FakeScheduler, pool_datastore
+from tests.support.fake_scheduler import FakeScheduler, pool_datastore
 
 pytestmark = pytest.mark.integration
 

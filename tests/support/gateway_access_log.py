@@ -12,8 +12,11 @@ in the integration tests runs exactly what the manifests configure.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import yaml
 
 from epp.picker import wire
 
@@ -233,3 +236,30 @@ def envoy_access_log(plan: AccessLogPlan, cluster: str) -> dict[str, Any]:
             "additional_request_headers_to_log": list(plan.request_headers),
         },
     }
+
+
+# What a user applies for each gateway, read from the repository's manifests.
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository
+GATEWAYS = ("kgateway", "istio", "envoy-gateway")
+
+
+def _resources(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The objects a kustomization (or a file) holds, its resources followed the way kustomize does."""
+    if path.is_dir():
+        kustomization = yaml.safe_load((path / "kustomization.yaml").read_text())
+        return [obj for resource in kustomization["resources"] for obj in _resources(path / resource)]
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def stack_objects(gateway: str) -> list[dict[str, Any]]:
+    """What a user applies for `gateway`: the EPP, the pool and the gateway's directory."""
+    return [
+        *_resources(ROOT / "manifests" / "epp"),
+        *_resources(ROOT / "manifests" / "samples" / "inferencepool.yaml"),
+        *_resources(ROOT / "manifests" / "gateway" / gateway),
+    ]
+
+
+def istio_mesh_config() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((ROOT / "manifests/gateway/istio/values.yaml").read_text())
+    return dict(values["meshConfig"])

@@ -20,7 +20,7 @@ observation), the pool from `CostPriors`. Estimates follow the data as a running
 shorter than `1/alpha`, then as an exponentially weighted one: after n observations of a kind at
 a changed cost, (1 − alpha)^n of the old gap remains (at the default 0.05: 5 % after 60, 0.6 %
 after 100). From the priors, 400 requests (a quarter of each miss kind) bring every estimate within
-20 % of a pod's true costs (`tests/unit/scheduling/test_costs.py`).
+20 % of a pod's true costs (`tests/unit/picker/scheduling/test_costs.py`).
 """
 
 from __future__ import annotations
