@@ -23,6 +23,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _HERE = pathlib.Path(__file__).parent
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The checks run one after another in this process (the `-n auto` the suite runs with gives
+    no workers here): they act on one shared cluster, and the skip line is printed from here."""
+    return 0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(_HERE):

@@ -1,1 +1,35 @@
+"""Suite-wide: the fake Kubernetes API plugin, and how pytest-xdist shares the tests out.
+
+The README's test command runs on every core (`-n auto` in pyproject.toml). Most integration
+tests wait on their processes rather than compute, so two workers on two cores finish the suite
+in far less time than one. A test module is one unit of work, so a stack a module shares (a
+module-scoped fixture) starts once; the real-vLLM tier is one unit as a whole, since its vLLM
+servers are shared by all its modules and each takes a core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
 pytest_plugins = ["tests.fakekube.plugin"]
+
+REAL_VLLM_TIER = "tests/realvllm/"
+
+
+class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type hints
+    """xdist's scope scheduler with our units: a test module each, the real-vLLM tier as one.
+
+    (xdist's own `loadgroup` marks would say the same, but its grouping is lost on pytest ≥ 9.2,
+    pytest-xdist issue 1386.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module: str = nodeid.split("::", 1)[0]
+        return REAL_VLLM_TIER if module.startswith(REAL_VLLM_TIER) else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ModuleScheduling:
+    return ModuleScheduling(config, log)

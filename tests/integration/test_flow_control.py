@@ -93,15 +93,26 @@ def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
 
 
 def warmed(stack: LocalStack) -> LocalStack:
-    """`stack` once Envoy's access log reaches the EPP. Envoy opens that stream with its first
-    entry; until then the EPP cannot know when a request ends and lets each finish at routing, so
-    nothing would hold a slot long enough to queue behind."""
+    """`stack` once Envoy's access log reaches the EPP and every pod has reported its LoRA slots.
+
+    Envoy opens the access-log stream with its first entry; until then the EPP cannot know when a
+    request ends and lets each finish at routing, so nothing would hold a slot long enough to
+    queue behind. vLLM publishes `max_lora` only once it has run a LoRA request; until then the
+    EPP assumes the residency model's default and would let more adapters onto a pod than it has
+    slots."""
 
     def logged() -> bool:
         assert completion_request(stack, ADAPTERS[0], 1, stream=False).status == 200
         return metric(stack, "inference_extension_request_finished_total", source="access-log") > 0
 
+    def slots_reported() -> bool:
+        for adapter in ADAPTERS:
+            assert completion_request(stack, adapter, 1, stream=False).status == 200
+        endpoints = json.loads(epp_get(stack, "/debug/flow-control"))["endpoints"]
+        return len(endpoints) == STACK.pods and all(e["slots"] == SIM.max_loras for e in endpoints)
+
     wait_until(logged, "a request finished by its access-log entry", interval_s=0.2)
+    wait_until(slots_reported, "every pod to report its LoRA slots", interval_s=0.2)
     return stack
 
 
