@@ -62,7 +62,7 @@ class RenderSettings:
     epp_image: str = "lora-epp:dev"
     s3_fetch_image: str = "amazon/aws-cli:2.17.0"
     model_port: int = 8000
-    epp_port: int = 9002
+    epp_port: int = EPP_DEFAULT_PORT
     sidecar_port: int = 9010  # `epp sidecar` in each model-server pod; 0 leaves it out
 
 
