@@ -133,6 +133,11 @@ def parse_host_port(text: str) -> HostPort:
     return HostPort(host, port)
 
 
+# Where `epp serve` listens by default on this host: ext_proc and gRPC health.
+DEFAULT_EPP = HostPort("127.0.0.1", 9002)
+DEFAULT_EPP_HEALTH_PORT = 9003
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EppEndpoint:
     """One more EPP replica: its ext_proc address and gRPC health port (None: not health-checked)."""
@@ -151,8 +156,9 @@ class EnvoyOptions:
     admin_port: int = 0  # 0 = ephemeral; read it back from --admin-address-path
     mode: RoutingMode = RoutingMode.EPP
     upstream: Upstream = Upstream.OVERRIDE_HOST
-    epp: HostPort = HostPort("127.0.0.1", 9002)
-    epp_health_port: int | None = 9003  # the EPP's gRPC health port; None = no active check
+    epp: HostPort = DEFAULT_EPP
+    # The EPP's gRPC health port; None = no active check.
+    epp_health_port: int | None = DEFAULT_EPP_HEALTH_PORT
     more_epps: tuple[EppEndpoint, ...] = ()  # further replicas in the EPP cluster
     epp_tls: bool = True
     # BUFFERED: Envoy holds the body while the EPP routes, so a dying EPP fails open (module doc).

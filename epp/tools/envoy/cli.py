@@ -18,6 +18,8 @@ from epp.picker.extproc.stream import BodyMode
 from epp.picker.sources.file import parse_pool_file
 from epp.tools.envoy.bootstrap import (
     BODY_MODES,
+    DEFAULT_EPP,
+    DEFAULT_EPP_HEALTH_PORT,
     EnvoyOptions,
     EppEndpoint,
     HostPort,
@@ -55,14 +57,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="EPP ext_proc HOST:PORT (default 127.0.0.1:9002); repeat it for several EPP replicas, "
-        "each health-checked on --epp-health-port",
+        help=f"EPP ext_proc HOST:PORT (default {DEFAULT_EPP.host}:{DEFAULT_EPP.port}); repeat it for "
+        "several EPP replicas, each health-checked on --epp-health-port",
     )
     parser.add_argument(
         "--epp-health-port",
         type=int,
-        default=9003,
-        help="EPP gRPC health port for Envoy's active check (0 = no check; default 9003)",
+        default=DEFAULT_EPP_HEALTH_PORT,
+        help="EPP gRPC health port for Envoy's active check (0 = no check; default %(default)s)",
     )
     add_bool_flag(parser, "--epp-tls", default=True, help="TLS to the EPP, certificate not verified")
     defaults = EnvoyOptions()
@@ -161,7 +163,7 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
             raise ConfigError(f"port out of range: {port}")
     if not 0 < args.max_request_body_bytes < 1 << 32:
         raise ConfigError(f"--max-request-body-bytes out of range: {args.max_request_body_bytes}")
-    epps = [parse_host_port(text) for text in args.epp_address or ["127.0.0.1:9002"]]
+    epps = [parse_host_port(text) for text in args.epp_address] or [DEFAULT_EPP]
     health_port = args.epp_health_port or None
     options = EnvoyOptions(
         listen_address=args.listen_address,

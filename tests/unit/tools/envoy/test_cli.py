@@ -199,3 +199,19 @@ def test_the_body_limit_follows_the_epps(tmp_path: pathlib.Path, capsys: pytest.
     assert code == 0
     listener = yaml.safe_load(out)["static_resources"]["listeners"][0]
     assert listener["per_connection_buffer_limit_bytes"] == 4194304
+
+
+def test_without_an_epp_address_envoy_asks_epp_serve_on_its_default_ports(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(POOL)
+    code, out, _ = _run(["--pool-file", str(pool)], capsys)
+    assert code == 0
+    clusters = yaml.safe_load(out)["static_resources"]["clusters"]
+    (epp,) = [c for c in clusters if c["name"] == "epp"]
+    groups = epp["load_assignment"]["endpoints"]
+    (endpoint,) = [e["endpoint"] for group in groups for e in group["lb_endpoints"]]
+    listen = ListenSettings()
+    assert endpoint["address"]["socket_address"]["port_value"] == listen.grpc_port
+    assert endpoint["health_check_config"]["port_value"] == listen.grpc_health_port
