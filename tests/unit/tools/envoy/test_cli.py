@@ -158,6 +158,13 @@ def test_by_default_the_epp_gets_requests_and_the_access_log(
     listener = bootstrap["static_resources"]["listeners"][0]
     assert listener["per_connection_buffer_limit_bytes"] == ListenSettings().max_request_body_bytes
     assert [logger["name"] for logger in _hcm(bootstrap)["access_log"]] == ["envoy.access_loggers.http_grpc"]  # type: ignore[attr-defined]
+    # With no --epp-address, Envoy asks `epp serve` on its default ext_proc and health ports.
+    (epp,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "epp"]
+    (endpoint,) = [
+        e["endpoint"] for group in epp["load_assignment"]["endpoints"] for e in group["lb_endpoints"]
+    ]
+    assert endpoint["address"]["socket_address"]["port_value"] == ListenSettings().grpc_port
+    assert endpoint["health_check_config"]["port_value"] == ListenSettings().grpc_health_port
 
 
 def test_responses_through_the_epp_and_no_access_log_on_request(
@@ -199,19 +206,3 @@ def test_the_body_limit_follows_the_epps(tmp_path: pathlib.Path, capsys: pytest.
     assert code == 0
     listener = yaml.safe_load(out)["static_resources"]["listeners"][0]
     assert listener["per_connection_buffer_limit_bytes"] == 4194304
-
-
-def test_without_an_epp_address_envoy_asks_epp_serve_on_its_default_ports(
-    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(POOL)
-    code, out, _ = _run(["--pool-file", str(pool)], capsys)
-    assert code == 0
-    clusters = yaml.safe_load(out)["static_resources"]["clusters"]
-    (epp,) = [c for c in clusters if c["name"] == "epp"]
-    groups = epp["load_assignment"]["endpoints"]
-    (endpoint,) = [e["endpoint"] for group in groups for e in group["lb_endpoints"]]
-    listen = ListenSettings()
-    assert endpoint["address"]["socket_address"]["port_value"] == listen.grpc_port
-    assert endpoint["health_check_config"]["port_value"] == listen.grpc_health_port
