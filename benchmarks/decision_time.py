@@ -21,15 +21,13 @@ import statistics
 import time
 import tracemalloc
 
-from epp.picker.admission import detector_config
+from epp.clock import FakeClock
+from epp.picker.assembly import PickerSpec, assemble
+from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Endpoint, EndpointState, Metrics, Snapshot
-from epp.picker.flowcontrol import build_flow_control
 from epp.picker.flowcontrol.capacity import Gate
-from epp.picker.flowcontrol.config_section import flow_control_settings
-from epp.picker.scheduling.build import POLICY_NAMES, build_scheduler
+from epp.picker.scheduling.build import POLICY_NAMES
 from epp.picker.scheduling.framework import record_routed
-from epp.picker.scheduling.picker_config import load_config
-from epp.picker.scheduling.policies import policy_config_text
 from epp.picker.scheduling.types import LLMRequest, Scheduler
 
 BASE = "base-model"
@@ -70,15 +68,12 @@ def make_request(i: int, n_adapters: int, rng: random.Random) -> LLMRequest:
     return LLMRequest(request_id=f"r{i}", incoming_model=adapter, target_model=adapter, prompt=prompt)
 
 
-def flow_gate(policy: str, scheduler: Scheduler) -> Gate | None:
-    """The capacity gate `epp serve` puts before the scheduler for `policy` (None: no flow control)."""
-    text = policy_config_text(policy)
-    config = load_config(text) if text is not None else None
-    detector = detector_config(config)
-    flow = build_flow_control(
-        flow_control_settings(config, detector=detector), scheduler.state, detector.detector
-    )
-    return flow.gate if flow is not None else None
+def picked(policy: str, now: float) -> tuple[Scheduler, Gate | None]:
+    """The scheduler `epp serve` runs for `policy` and the capacity gate it puts before it (None:
+    no flow control), both from the one assembly `epp serve` builds its picker with."""
+    clock = FakeClock(start=now)
+    picker = assemble(PickerSpec(policy=policy, seed=1), Datastore(clock), clock=clock)
+    return picker.scheduler, picker.flow.gate if picker.flow is not None else None
 
 
 def drive(
@@ -160,8 +155,7 @@ def main() -> int:
         for n_adapters in args.adapters:
             rng = random.Random(1)
             pool = make_pool(n_endpoints, n_adapters, rng, now)
-            scheduler = build_scheduler(policy=args.policy, seed=1)
-            gate = flow_gate(args.policy, scheduler)
+            scheduler, gate = picked(args.policy, now)
             drive(scheduler, gate, pool, args.warmup, n_adapters, rng, 0, now)
             sched, full, cpu = drive(scheduler, gate, pool, args.decisions, n_adapters, rng, args.warmup, now)
             print(
@@ -174,8 +168,8 @@ def main() -> int:
     pool = make_pool(1000, 1000, rng, now)
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
-    scheduler = build_scheduler(policy=args.policy, seed=1)
-    drive(scheduler, flow_gate(args.policy, scheduler), pool, 20_000, 1000, rng, 0, now)
+    scheduler, gate = picked(args.policy, now)
+    drive(scheduler, gate, pool, 20_000, 1000, rng, 0, now)
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     held = sum(stat.size_diff for stat in after.compare_to(before, "filename"))

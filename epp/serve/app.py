@@ -4,8 +4,9 @@ One `asyncio.TaskGroup` holds the pool source, the metrics refresher, leader ele
 readiness watcher; the ext_proc, health and metrics servers are started before it and stopped
 after it. SIGTERM/SIGINT drains: health turns NOT_SERVING at once, the EPP keeps routing for
 `--drain-period` while the gateway's health checks notice and stop sending it new streams, then
-ext_proc `stop(grace)` lets open streams finish, everything else is cancelled, exit 0. Start-up
-errors print one line on stderr: 2 for bad configuration, 1 when a port cannot be bound.
+ext_proc `stop(grace)` lets open streams finish, everything else is cancelled, exit 0. The picker
+itself is `epp.picker.assembly`'s, built from the settings by `picker_spec`. Start-up errors print
+one line on stderr: 2 for bad configuration, 1 when a port cannot be bound.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 import signal
 import socket
 import sys
@@ -36,8 +36,9 @@ from epp.picker.adapters.observe import AdapterCollector, AdapterParts, adapters
 from epp.picker.adapters.preload import Preloader
 from epp.picker.adapters.push import AdapterStatePush
 from epp.picker.adapters.unload import ColdAdapterUnloader
+from epp.picker.assembly import DEFAULT_POLICY, Assembly, PeerSpec, PickerSpec, assemble
 from epp.picker.datastore.store import Datastore
-from epp.picker.director import Director, admit_all
+from epp.picker.director import DecisionObserver, Director
 from epp.picker.extproc.accesslog import AccessLogReceiver
 from epp.picker.extproc.completions import Completions
 from epp.picker.extproc.server import (
@@ -74,7 +75,6 @@ from epp.picker.peers import (
     peers_route,
     process_id,
 )
-from epp.picker.scheduling.framework import ProfileScheduler
 from epp.picker.scheduling.shared import PeerReplicator
 from epp.picker.scheduling.state import SchedulerState
 from epp.serve import settings as serve_settings
@@ -242,17 +242,17 @@ class _Parts:
 def _build_parts(settings: ServeSettings, clock: Clock) -> _Parts:
     datastore = Datastore(clock)
     telemetry = _build_telemetry(settings, datastore, clock)
-    director, scheduler_state, shared = build_director(settings, datastore, clock, telemetry.observer)
+    picker = build_picker(settings, datastore, clock, telemetry.observer)
     source, synced = _build_source(settings, datastore, clock)
     refresher = _build_refresher(settings, datastore, clock)
     elector = _build_elector(settings, clock)
-    adapters = _build_adapters(settings, datastore, clock, scheduler_state)
+    adapters = _build_adapters(settings, datastore, clock, picker.scheduler.state)
     if adapters.parts is not None:
         telemetry.registry.register(AdapterCollector(adapters.parts))
-    peers = (
-        _build_peers(settings, shared, clock, director, telemetry.registry) if shared is not None else None
-    )
-    return _Parts(datastore, telemetry, director, source, synced, refresher, elector, adapters, peers)
+    peers = None
+    if picker.peers is not None:
+        peers = _build_peers(settings, picker.peers, clock, picker.director, telemetry.registry)
+    return _Parts(datastore, telemetry, picker.director, source, synced, refresher, elector, adapters, peers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,62 +605,42 @@ def _build_adapters(
     return _Adapters(loader, parts, runnables, (adapters_route(parts),))
 
 
+def picker_spec(settings: ServeSettings) -> PickerSpec:
+    """The picker `settings` ask for: their config (or named policy), seed, metrics staleness and,
+    with `--peers`, a fresh id for this replica and the exchange interval."""
+    text = settings.scheduling.picker_config_text
+    peers = None
+    if settings.peers.addresses:
+        peers = PeerSpec(own_id=process_id(), interval_s=settings.peers.interval_s)
+    return PickerSpec(
+        config_text=text,
+        policy=None if text is not None else (settings.scheduling.policy or DEFAULT_POLICY),
+        seed=settings.scheduling.seed,
+        staleness_threshold_s=settings.scrape.staleness_threshold_s,
+        peers=peers,
+    )
+
+
+def build_picker(
+    settings: ServeSettings, datastore: Datastore, clock: Clock, observer: DecisionObserver
+) -> Assembly:
+    """The picker over the configured scheduler (`epp.picker.assembly`), with flow control when
+    the config turns it on; with `--peers`, the scheduler's ledger is replicated."""
+    assembly = assemble(picker_spec(settings), datastore, clock=clock, observer=observer)
+    if assembly.config is not None and assembly.config.ignored:
+        ignored = {"sections": list(assembly.config.ignored)}
+        log.warning("EndpointPickerConfig sections accepted and not applied", extra=ignored)
+    return assembly
+
+
 def build_director(
     settings: ServeSettings, datastore: Datastore, clock: Clock, observer: Observer
 ) -> tuple[Director, SchedulerState, PeerReplicator | None]:
-    """The director over the configured scheduler, with flow control when the config turns it on;
-    with `--peers`, the scheduler's ledger is replicated to the other replicas.
+    """`build_picker`'s director, scheduler state and peer replicator.
 
     Public so the hot-path benchmark measures exactly what `epp serve` runs."""
-    from epp.picker.admission import Admission, detector_config
-    from epp.picker.flowcontrol import build_flow_control
-    from epp.picker.flowcontrol.config_section import flow_control_settings
-    from epp.picker.scheduling.build import build_scheduler, policy_config
-    from epp.picker.scheduling.picker_config import PickerConfig, load_config
-
-    # The one place the EndpointPickerConfig is loaded: the scheduler, admission and flow control
-    # all read this one (a built-in policy's own when no config was given).
-    policy: str | None = None
-    config: PickerConfig | None
-    if settings.scheduling.picker_config_text is not None:
-        config = load_config(settings.scheduling.picker_config_text)
-        if config.ignored:
-            ignored = {"sections": list(config.ignored)}
-            log.warning("EndpointPickerConfig sections accepted and not applied", extra=ignored)
-    else:
-        policy = settings.scheduling.policy or "default"
-        config = policy_config(policy)
-    scheduler = build_scheduler(
-        config,
-        policy=policy,
-        staleness_threshold_s=settings.scrape.staleness_threshold_s,
-        seed=settings.scheduling.seed,
-    )
-    detector = detector_config(config, staleness_threshold_s=settings.scrape.staleness_threshold_s)
-    admission = Admission(detector=detector.detector, shed_standard=detector.shed_standard)
-    flow = build_flow_control(
-        flow_control_settings(config, detector=detector), scheduler.state, detector.detector
-    )
-    shared = None
-    if settings.peers.addresses:
-        if not isinstance(scheduler, ProfileScheduler):
-            raise ConfigError(f"--peers needs a policy with scheduler state; {scheduler.name!r} keeps none")
-        shared = PeerReplicator(
-            scheduler.state.ledger,
-            own_id=process_id(),
-            peer_timeout_s=max(1.0, 50 * settings.peers.interval_s),
-        )
-    director = Director(
-        datastore,
-        scheduler,
-        # With flow control, requests queue instead of being shed up front (as upstream's newer EPP).
-        admit=admit_all if flow is not None else admission.admit,
-        flow=flow,
-        clock=clock,
-        rng=random.Random(settings.scheduling.seed),
-        observer=observer,
-    )
-    return director, scheduler.state, shared
+    assembly = build_picker(settings, datastore, clock, observer)
+    return assembly.director, assembly.scheduler.state, assembly.peers
 
 
 def _build_source(
@@ -721,4 +701,4 @@ def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | Non
     )
 
 
-__all__ = ["BoundPorts", "build_director", "configure_parser", "run", "serve"]
+__all__ = ["BoundPorts", "build_director", "build_picker", "configure_parser", "picker_spec", "run", "serve"]

@@ -11,10 +11,10 @@ loop.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,16 +22,16 @@ from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
 from epp.picker import wire
 from epp.picker.admission import Admission
+from epp.picker.assembly import Assembly, PeerSpec, PickerSpec, assemble
 from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import InferenceModel, InferenceObjective, PodInfo, Pool
-from epp.picker.director import Director, admit_all
+from epp.picker.director import Director
 from epp.picker.flowcontrol.settings import PUMP_INTERVAL_S
-from epp.picker.lifecycle import Ending, KeyMint, RequestLife, Stage
-from epp.picker.scheduling.framework import ProfileScheduler
+from epp.picker.lifecycle import Ending, RequestLife, Stage
 from epp.picker.scheduling.shared import PeerReplicator
 from epp.picker.scheduling.types import Scheduler
 from epp.tools.bench.model import PodConfig, PodCounters, PodProfile, SimPod, SimRequest
-from epp.tools.bench.policies import make_admission, make_flow_control, make_scheduler
+from epp.tools.bench.policies import policy_spec, replicates_routing
 from epp.tools.bench.workload import prompt_text
 
 _STEP_END = 0
@@ -111,20 +111,61 @@ def request_body(request: SimRequest, base_model: str) -> bytes:
     ).encode()
 
 
-@dataclass(slots=True)
-class _Epp:
-    """One EPP replica: its own datastore (its own scrapes) and its own scheduler state."""
+@dataclass(frozen=True, slots=True)
+class EppReplica:
+    """One EPP replica: its own datastore (its own scrapes) and its own picker (scheduler state)."""
 
     datastore: Datastore
-    director: Director
-    peers: PeerReplicator | None = None  # with peers: what exchanges this replica's flights
+    picker: Assembly
+
+    @property
+    def director(self) -> Director:
+        return self.picker.director
+
+    @property
+    def peers(self) -> PeerReplicator | None:
+        """With peers: what exchanges this replica's flights."""
+        return self.picker.peers
+
+
+def replica_spec(policy: str, fleet: Fleet, *, seed: int, replica: int = 0) -> PickerSpec:
+    """What EPP replica `replica` of `fleet` runs for `policy`: the policy as `epp serve` runs it,
+    seeded per replica, with the fleet's flow control and, among several replicas, the peer
+    exchange (`epp serve --peers`) at the fleet's interval."""
+    peers = None
+    if fleet.epp_replicas > 1 and fleet.epp_peers and replicates_routing(policy):
+        others = tuple(f"epp-{p}" for p in range(fleet.epp_replicas) if p != replica)
+        peers = PeerSpec(own_id=f"epp-{replica}", interval_s=fleet.peer_interval_s, addresses=others)
+    return dataclasses.replace(
+        policy_spec(policy, seed=seed + replica),
+        flow_control=fleet.flow_control,
+        peers=peers,
+        key_prefix=f"epp-{replica}",
+    )
+
+
+def build_replica(
+    policy: str,
+    fleet: Fleet,
+    clock: FakeClock,
+    *,
+    seed: int,
+    replica: int = 0,
+    scheduler: Scheduler | None = None,
+    admission: Admission | None = None,
+) -> EppReplica:
+    """EPP replica `replica` of `fleet`, over a datastore of the fleet's pool (see `replica_spec`)."""
+    datastore = bench_datastore(fleet, clock)
+    spec = replica_spec(policy, fleet, seed=seed, replica=replica)
+    picker = assemble(spec, datastore, clock=clock, scheduler=scheduler, admission=admission)
+    return EppReplica(datastore, picker)
 
 
 class _Run:
     """One simulated run's moving parts: the pods, their events and the EPP replicas in front of them."""
 
     def __init__(
-        self, fleet: Fleet, epps: list[_Epp], clock: FakeClock, *, epp_latency_s: float = 0.0
+        self, fleet: Fleet, epps: list[EppReplica], clock: FakeClock, *, epp_latency_s: float = 0.0
     ) -> None:
         self.fleet = fleet
         self.epp_latency_s = epp_latency_s
@@ -302,26 +343,10 @@ def simulate(
     if scheduler is not None and fleet.epp_replicas > 1:
         raise ValueError("a given scheduler is one EPP's; run several replicas by policy name")
     clock = FakeClock(start=0.0)
-    epps = []
-    for r in range(fleet.epp_replicas):
-        datastore = bench_datastore(fleet, clock)
-        chosen = scheduler if scheduler is not None else make_scheduler(policy, seed + r)
-        peers = None
-        flow = make_flow_control(policy, chosen.state) if fleet.flow_control else None
-        if fleet.epp_replicas > 1 and fleet.epp_peers and isinstance(chosen, ProfileScheduler):
-            peers = PeerReplicator(chosen.state.ledger, own_id=f"epp-{r}")
-            peers.set_peers([f"epp-{p}" for p in range(fleet.epp_replicas) if p != r])
-        director = Director(
-            datastore,
-            chosen,
-            # With flow control, requests queue instead of being shed up front (as upstream's newer EPP).
-            admit=admit_all if flow is not None else (admission or make_admission()).admit,
-            flow=flow,
-            clock=clock,
-            rng=random.Random(seed + r),
-            keys=KeyMint(f"epp-{r}"),
-        )
-        epps.append(_Epp(datastore, director, peers))
+    epps = [
+        build_replica(policy, fleet, clock, seed=seed, replica=r, scheduler=scheduler, admission=admission)
+        for r in range(fleet.epp_replicas)
+    ]
     latency = 0.0 if policy in GATEWAY_POLICIES else fleet.epp_latency_s
     run = _Run(fleet, epps, clock, epp_latency_s=latency)
     arrivals_end = requests[-1].arrival_s if requests else 0.0

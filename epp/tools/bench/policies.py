@@ -1,23 +1,18 @@
-"""The routing policies the benchmark compares: the same scheduler classes `epp serve` runs.
+"""The routing policies the benchmark compares: the same pickers `epp serve` runs.
 
-`make_scheduler(name, seed)` is `epp.picker.scheduling.build.build_scheduler(policy=name, seed=seed)`,
-`make_flow_control` builds flow control from the policy's EndpointPickerConfig as `epp serve` does,
-and `make_admission()` is `epp.picker.admission.build_admission()` with its defaults, so a result
-here speaks for the code that serves traffic. `add_config` makes a user's EndpointPickerConfig a
-policy of the run (`epp bench --config-file`).
+`policy_spec(name, seed=...)` says which picker a policy is (a built-in policy by name, or a
+user's EndpointPickerConfig by its text), and `epp.picker.assembly.assemble` builds its
+scheduler, admission (by the config's saturation detector) and flow control exactly as it
+builds `epp serve`'s, so a result here speaks for the code that serves traffic. `add_config`
+makes a user's EndpointPickerConfig a policy of the run (`epp bench --config-file`).
 """
 
 from __future__ import annotations
 
 from epp.errors import ConfigError
-from epp.picker.admission import Admission, build_admission, detector_config
-from epp.picker.flowcontrol import FlowControl, build_flow_control
-from epp.picker.flowcontrol.config_section import flow_control_settings
-from epp.picker.scheduling.build import build_scheduler
+from epp.picker.assembly import PickerSpec
 from epp.picker.scheduling.picker_config import load_config
 from epp.picker.scheduling.policies import POLICY_NAMES, policy_config_text
-from epp.picker.scheduling.state import SchedulerState
-from epp.picker.scheduling.types import Scheduler
 
 ALL_POLICIES: tuple[str, ...] = POLICY_NAMES
 CONFIG_POLICY = "config"  # `epp bench --config-file`: the user's EndpointPickerConfig, as `epp serve` runs it
@@ -38,24 +33,18 @@ def config_text(name: str) -> str | None:
     return _configs.get(name) or policy_config_text(name)
 
 
-def make_scheduler(name: str, seed: int) -> Scheduler:
-    """A fresh scheduler for one simulated run (schedulers keep state between requests)."""
+def policy_spec(name: str, *, seed: int) -> PickerSpec:
+    """The picker `name` runs, as `epp serve` would be told it: a config given to this run by
+    its text (as `--config-file`), a built-in policy by its name (as `--policy`)."""
     if name in _configs:
-        return build_scheduler(_configs[name], seed=seed)
-    return build_scheduler(policy=name, seed=seed)
+        return PickerSpec(config_text=_configs[name], seed=seed)
+    return PickerSpec(policy=name, seed=seed)
 
 
-def make_admission() -> Admission:
-    return build_admission()
-
-
-def make_flow_control(policy: str, state: SchedulerState) -> FlowControl | None:
-    """Flow control as `epp serve` runs it for `policy` (from the policy's EndpointPickerConfig:
-    on for `default`, off for the upstream-compatible policies, as upstream ships them)."""
-    text = config_text(policy)
-    config = load_config(text) if text is not None else None
-    detector = detector_config(config)
-    return build_flow_control(flow_control_settings(config, detector=detector), state, detector.detector)
+def replicates_routing(name: str) -> bool:
+    """Whether replicas running `name` can exchange what they route (`epp serve --peers`): only
+    policies built from a config keep the routing state the exchange replicates."""
+    return config_text(name) is not None
 
 
 def parse_policies(text: str) -> list[str]:
