@@ -2,11 +2,13 @@
 
 One `asyncio.TaskGroup` holds the pool source, the metrics refresher, leader election and the
 readiness watcher; the ext_proc, health and metrics servers are started before it and stopped
-after it. SIGTERM/SIGINT drains: health turns NOT_SERVING at once, the EPP keeps routing for
-`--drain-period` while the gateway's health checks notice and stop sending it new streams, then
-ext_proc `stop(grace)` lets open streams finish, everything else is cancelled, exit 0. The picker
-itself is `epp.picker.assembly`'s, built from the settings by `picker_spec`. Start-up errors print
-one line on stderr: 2 for bad configuration, 1 when a port cannot be bound.
+after it. SIGTERM/SIGINT drains: health turns NOT_SERVING at once, the EPP keeps routing (and
+dispatching from its queues) for `--drain-period` while the gateway's health checks notice and stop
+sending it new streams, then answers every request still queued, and each that would queue from
+then on, with a JSON 503; ext_proc `stop(grace)` stops taking streams and lets open ones finish,
+everything else is cancelled, exit 0. The picker itself is `epp.picker.assembly`'s, built from the
+settings by `picker_spec`. Start-up errors print one line on stderr: 2 for bad configuration, 1
+when a port cannot be bound.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +51,7 @@ from epp.picker.extproc.server import (
 )
 from epp.picker.extproc.stream import StreamOptions, StreamSettings
 from epp.picker.flowcontrol.settings import PUMP_INTERVAL_S
+from epp.picker.lifecycle import RequestLife, Stage
 from epp.picker.listen import ListenError
 from epp.picker.logs import configure_logging
 from epp.picker.observability import tracing
@@ -178,7 +181,7 @@ async def _serve(
         if on_started is not None:
             on_started(servers.ports)
         await _run_tasks(
-            servers.lifecycle(stop, settings.drain.drain_period_s, parts.director),
+            servers.lifecycle(stop, settings.drain.drain_period_s, parts.director, parts.router),
             parts.datastore,
             parts.synced,
             parts.elector,
@@ -224,6 +227,7 @@ class _Parts:
     datastore: Datastore
     telemetry: _Telemetry
     director: Director
+    router: _ClosingRouter  # the director as ext_proc streams reach it
     source: _Runnable
     synced: Callable[[], bool]
     refresher: _Runnable
@@ -252,7 +256,18 @@ def _build_parts(settings: ServeSettings, clock: Clock) -> _Parts:
     peers = None
     if picker.peers is not None:
         peers = _build_peers(settings, picker.peers, clock, picker.director, telemetry.registry)
-    return _Parts(datastore, telemetry, picker.director, source, synced, refresher, elector, adapters, peers)
+    return _Parts(
+        datastore,
+        telemetry,
+        picker.director,
+        _ClosingRouter(picker.director),
+        source,
+        synced,
+        refresher,
+        elector,
+        adapters,
+        peers,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,8 +366,12 @@ class _Servers:
         if self.peer is not None:
             await self.peer.start()
 
-    def lifecycle(self, stop: asyncio.Event, drain_period_s: float, director: Director) -> _Lifecycle:
-        return _Lifecycle(stop, self.health, drain_period_s, self.access_log, self.completions, director)
+    def lifecycle(
+        self, stop: asyncio.Event, drain_period_s: float, director: Director, router: _ClosingRouter
+    ) -> _Lifecycle:
+        return _Lifecycle(
+            stop, self.health, drain_period_s, self.access_log, self.completions, director, router
+        )
 
     async def stop(self, grace_s: float) -> None:
         """NOT_SERVING first; ext_proc gets `grace_s` for open streams to finish."""
@@ -415,7 +434,7 @@ def _build_processor(
     ttl_s = flow.queues.settings.request_ttl_s if flow is not None else 0.0
     return ExternalProcessor(
         StreamOptions(
-            parts.director,
+            parts.router,
             clock,
             StreamSettings(
                 default_body_mode=settings.listen.body_mode,
@@ -482,6 +501,7 @@ class _Lifecycle:
     access_log: AccessLogReceiver
     completions: Completions
     director: Director
+    router: _ClosingRouter
 
 
 COMPLETION_SWEEP_S = 1.0
@@ -490,6 +510,42 @@ SHUTDOWN_ERROR = EppError(
     "request evicted from queue: the endpoint picker is shutting down",
     reason="shutdown",
 )
+
+
+class _ClosingRouter:
+    """The director as ext_proc streams reach it, refusing to queue once the EPP is leaving.
+
+    At the end of the drain period what is still queued is answered with a 503. Streams open after
+    that (a body that comes late, a stream accepted before the listener stopped taking new ones)
+    would otherwise file their request in a queue that nothing dispatches from any more, to be cut
+    when the listener's grace period runs out: a client answered by a reset, not a refusal. After
+    `close` such a request is answered at once; one that can start now still goes to its pod.
+    """
+
+    def __init__(self, director: Director) -> None:
+        self._director = director
+        self._closed: EppError | None = None
+
+    def mint(self, request_id: str = "") -> RequestLife:
+        return self._director.mint(request_id)
+
+    def arrive(
+        self,
+        life: RequestLife,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        subset: Sequence[str] | None = None,
+    ) -> bytes:
+        sent = self._director.arrive(life, headers=headers, body=body, subset=subset)
+        if self._closed is not None and life.stage is Stage.QUEUED:
+            self._director.drain_queues(self._closed)  # only this request: the queues were empty
+        return sent
+
+    def close(self, error: EppError) -> None:
+        """Answer every queued request with `error`, and each that would queue from now on."""
+        self._closed = error
+        self._director.drain_queues(error)
 
 
 async def _run_tasks(
@@ -517,8 +573,9 @@ async def _run_tasks(
         log.info("draining", extra={"drain_period_s": lifecycle.drain_period_s})
         await asyncio.sleep(lifecycle.drain_period_s)
         # Queued requests went on dispatching through the drain period; what is left gets a clear
-        # 503 now (its client retries elsewhere) rather than waiting on an EPP that is leaving.
-        lifecycle.director.drain_queues(SHUTDOWN_ERROR)
+        # 503 now (its client retries elsewhere) rather than waiting on an EPP that is leaving, and
+        # so does any request that would queue from now until the listener closes.
+        lifecycle.router.close(SHUTDOWN_ERROR)
         raise _Stop
 
     async def sweep_completions() -> None:
