@@ -27,12 +27,16 @@ class ErrorCode(enum.Enum):
 class EppError(Exception):
     """A request-level failure with a code the client sees as an HTTP status."""
 
-    def __init__(self, code: ErrorCode, message: str, *, reason: str | None = None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, *, reason: str | None = None, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         # A short machine-readable reason (e.g. "saturated", "no-endpoints") for metrics and logs.
         self.reason = reason
+        # When the client may try again (the `retry-after` header of a 429); None: the default.
+        self.retry_after_s = retry_after_s
 
     @property
     def http_status(self) -> int:

@@ -28,6 +28,7 @@ from epp.picker.datastore.store import Datastore
 from epp.picker.datastore.types import Criticality, EndpointState, InferenceModel, Snapshot
 from epp.picker.flowcontrol import FlowControl
 from epp.picker.flowcontrol.controller import Placement, Rejection
+from epp.picker.flowcontrol.overload import RefusalReason, Verdict
 from epp.picker.flowcontrol.queues import QueueItem
 from epp.picker.lifecycle import KeyMint, RequestLife, RoutingDecision, Stage
 from epp.picker.scheduling.framework import record_routed
@@ -179,6 +180,8 @@ class Director:
         self._keys = keys if keys is not None else KeyMint()
         self._pumping = False
         self._pump_again = False
+        if flow is not None:
+            datastore.on_endpoints_changed(self._endpoints_changed)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -271,12 +274,21 @@ class Director:
         for item in flow.queues.drain():
             self._leave_queue(item.payload, error, QueueOutcome.EVICTED_OTHER)
 
+    def _endpoints_changed(self) -> None:
+        flow = self._flow
+        if flow is not None:
+            flow.gate.forget({endpoint.name for endpoint in self._datastore.endpoints()})
+
     def _finished(self, life: RequestLife) -> None:
         """The finisher every life calls once: release what it holds, report it, let the queue move."""
         now = life.finished_at if life.finished_at is not None else self._clock.now()
         flow = self._flow
         if life.stage is Stage.QUEUED and flow is not None and flow.queues.remove(life) is not None:
             self._observer.left_queue(life, QueueOutcome.EVICTED_CANCELLED)
+        usage = life.outcome.usage
+        if flow is not None and life.stage is Stage.DISPATCHED and usage is not None:
+            # Fairness by tokens served: output tokens count (twice, as VTC weighs them) as they end.
+            flow.queues.charge(life.priority, life.fairness_id, OUTPUT_TOKEN_WEIGHT * usage.completion_tokens)
         released = (
             life.stage is Stage.DISPATCHED
             and self._ledger.finished(life.key, now, ttft_s=life.upstream_ttft_s) is not None
@@ -331,6 +343,9 @@ class Director:
         life.decision = RoutingDecision(endpoints=result.endpoints, request=request, result=result)
         life.stage = Stage.DISPATCHED
         life.dispatched_at = now
+        flow = self._flow
+        if flow is not None and flow.judge is not None:
+            flow.judge.dispatched(now)
         self._observer.scheduled(life, candidates, result, clock.now() - started)
 
     def _enqueue_or_dispatch(
@@ -342,18 +357,32 @@ class Director:
         snapshot: Snapshot,
         now: float,
     ) -> None:
-        """Dispatch now when the request's lane is empty and some candidate can start it; else queue it."""
+        """Dispatch now when nothing waits that this request may not pass and some candidate can
+        start it; refuse it now when the pool is saturated and it cannot be served in time (the
+        judge); else queue it (and, when a candidate could start it but others wait first, run a
+        pass at once, so it goes in its turn)."""
         request = life.request
         assert request is not None
         queues = flow.queues
         lane = _lane(request, life.subset)
         fairness_id = life.fairness_id = fairness_id_of(headers)
         priority = life.priority = band_priority(request)
-        if not queues.waiting_in(priority, fairness_id, lane):
-            placeable = flow.gate.placeable(request, candidates, now)
-            if placeable:
-                self._dispatch(life, placeable, snapshot, now)
-                return
+        cost = prompt_token_estimate(request)
+        placeable = flow.gate.placeable(request, candidates, now)
+        waiting = queues.waiting_from(priority) > 0
+        if placeable and not waiting:
+            self._dispatch(life, placeable, snapshot, now)
+            queues.charge(priority, fairness_id, cost)
+            return
+        judge = flow.judge
+        if judge is not None and not placeable and flow.gate.saturated(candidates, now):
+            verdict = judge.on_arrival(priority, queues.position(priority, fairness_id), now)
+            if verdict is not None:
+                flow.gate.overloaded(now)
+                error = _refusal(verdict)
+                self._observer.refused(life, candidates, error, outcome="queue-refused", duration_s=0.0)
+                self._observer.left_queue(life, QueueOutcome.REJECTED_CAPACITY)
+                raise error
         filed = queues.enqueue(
             life,
             fairness_id=fairness_id,
@@ -362,6 +391,7 @@ class Director:
             size=life.outcome.request_body_bytes,
             now=now,
             ttl_s=queues.settings.request_ttl_s,
+            cost=cost,
         )
         if isinstance(filed, Rejection):
             error = EppError(
@@ -375,7 +405,20 @@ class Director:
         life.stage = Stage.QUEUED
         life.queued_at = now
         self._observer.queued(life)
-        flow.gate.blocked(request, candidates, since=now, now=now)
+        if placeable:
+            self._pass_for_newcomer(life)
+        else:
+            flow.gate.blocked(request, candidates, since=now, now=now)
+
+    def _pass_for_newcomer(self, life: RequestLife) -> None:
+        """A pass while `life` is being filed: it leaves as DISPATCHED (the caller's answer) or stays
+        QUEUED; its waiter is for a later departure, so it is not called for one in this pass."""
+        waiter, life.waiter = life.waiter, None
+        self.pump()
+        if life.stage is Stage.QUEUED and life.error is None:
+            life.waiter = waiter
+        elif life.error is not None:
+            raise life.error
 
     def _pump_once(self, flow: FlowControl) -> None:
         now = self._clock.now()
@@ -390,6 +433,20 @@ class Director:
         if not queues:
             return
         snapshot = self._datastore.snapshot()
+        judge = flow.judge
+        if judge is not None and snapshot.endpoints and flow.gate.saturated(snapshot.endpoints, now):
+            shed = queues.take_below(0)
+            late = queues.overdue(now, judge.settings.wait_target_s)
+            if shed or late:
+                flow.gate.overloaded(now)
+            for item in shed:
+                verdict = judge.shed(item.priority, now)
+                self._leave_queue(item.payload, _refusal(verdict), QueueOutcome.REJECTED_CAPACITY)
+            for item in late:
+                verdict = judge.waited_too_long(item.priority, now - item.enqueued_at)
+                self._leave_queue(item.payload, _refusal(verdict), QueueOutcome.REJECTED_CAPACITY)
+            if not queues:
+                return
 
         def place(item: QueueItem[RequestLife]) -> Placement:
             return self._place(flow, item.payload, snapshot, now)
@@ -518,6 +575,32 @@ class Director:
         if sum(numeric) <= 0:
             return self._rng.choice(targets).name
         return self._rng.choices(targets, weights=numeric, k=1)[0].name
+
+
+# VTC (Sheng et al., OSDI '24) weighs an output token as two prompt tokens: it costs a decode step.
+OUTPUT_TOKEN_WEIGHT = 2
+CHARS_PER_TOKEN = 4  # for a prompt's token count where nothing tokenizes it
+
+
+def prompt_token_estimate(request: LLMRequest) -> int:
+    """The request's prompt tokens, estimated from its text (0: no text, count its bytes instead)."""
+    return len(request.prompt) // CHARS_PER_TOKEN
+
+
+def _refusal(verdict: Verdict) -> EppError:
+    """The 429 the judge's verdict answers with, `Retry-After` its estimated wait."""
+    messages = {
+        RefusalReason.SHEDDABLE: "the pool is saturated and the request is sheddable",
+        RefusalReason.PREDICTED_WAIT: "the pool is saturated and the request cannot be dispatched in time",
+        RefusalReason.WAITED_TOO_LONG: "the pool is saturated and the request waited too long",
+    }
+    message = messages.get(verdict.reason, "the pool is saturated")
+    return EppError(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        f"request rejected by flow control: {message} (estimated wait {verdict.estimated_wait_s:.1f}s)",
+        reason=verdict.reason.value,
+        retry_after_s=verdict.retry_after_s,
+    )
 
 
 def _tell(life: RequestLife) -> None:

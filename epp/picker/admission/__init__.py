@@ -35,6 +35,7 @@ class DetectorConfig:
     detector: SaturationDetector
     shed_standard: bool = True
     drain_after_s: float | None = None  # `drainAfter` of lora-capacity-detector; None: not set
+    wait_target_s: float | None = None  # `queueWaitTarget` of lora-capacity-detector; None: not set
 
 
 def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float = 2.0) -> DetectorConfig:
@@ -45,7 +46,9 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
     `queueDepthThreshold` (5), `kvCacheUtilThreshold` (0.8), `overloadQueueDepthThreshold`
     (20), `overloadKvCacheUtilThreshold` (0.95), `metricsStalenessThreshold` (duration;
     default `staleness_threshold_s`), `shedStandard` (true), upstream's `headroom` (read past),
-    and for `lora-capacity-detector` only, `drainAfter` (a duration). Raises ConfigError.
+    and for `lora-capacity-detector` only, `drainAfter` and `queueWaitTarget` (durations; the
+    latter is how long a request may wait in a saturated pool's queue, `0s`: until its TTL).
+    Raises ConfigError.
     """
     spec = _detector_spec(config) if config is not None else None
     params = Params(spec.name if spec else "saturation-detector", spec.parameters if spec else None)
@@ -62,10 +65,16 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
     shed_standard = params.boolean("shedStandard", True)
     params.accept("headroom")
     drain_after_s: float | None = None
+    wait_target_s: float | None = None
     if spec is not None and spec.type == LORA_CAPACITY_DETECTOR:
         raw_drain = params.raw_value("drainAfter")
         if raw_drain is not None:
             drain_after_s = parse_config_duration(raw_drain, f"plugin {spec.name!r}: parameter 'drainAfter'")
+        raw_target = params.raw_value("queueWaitTarget")
+        if raw_target is not None:
+            wait_target_s = parse_config_duration(
+                raw_target, f"plugin {spec.name!r}: parameter 'queueWaitTarget'"
+            )
     params.done()
     try:
         detector = SaturationDetector(
@@ -82,6 +91,7 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
         detector=detector,
         shed_standard=shed_standard,
         drain_after_s=drain_after_s,
+        wait_target_s=wait_target_s,
     )
 
 

@@ -182,10 +182,12 @@ def keep_waiting(seconds: float) -> pb.ProcessingResponse:
 
 
 def immediate_error(error: EppError, *, retry_after_s: int | None = None) -> pb.ProcessingResponse:
-    """An ImmediateResponse with the OpenAI-style JSON error body; `retry-after` on 429."""
+    """An ImmediateResponse with the OpenAI-style JSON error body; `retry-after` on 429 (the
+    argument, else the error's own estimate, else 1 s)."""
     headers: list[tuple[str, str]] = [("content-type", wire.JSON_CONTENT_TYPE)]
     if error.http_status == 429:
-        headers.append(("retry-after", str(retry_after_s if retry_after_s is not None else 1)))
+        retry = retry_after_s if retry_after_s is not None else error.retry_after_s
+        headers.append(("retry-after", str(retry if retry is not None else 1)))
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.http_status),

@@ -3,7 +3,8 @@
 `controller` holds the queues and runs dispatch passes, `queues` the bands, flows and lanes with
 their fairness and ordering policies, `capacity` the gates that say which endpoints can start a
 request now (upstream's pool saturation, or ours: request headroom and LoRA slots per endpoint),
-`settings` the knobs. All of it is pure: the director drives it, in `epp serve` and `epp bench`.
+`overload` the judge that refuses early what a saturated pool cannot serve in time, `settings`
+the knobs. All of it is pure: the director drives it, in `epp serve` and `epp bench`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from epp.picker.admission.saturation import SaturationDetector
 from epp.picker.flowcontrol.capacity import Gate, SaturationGate, SlotGate
 from epp.picker.flowcontrol.controller import FlowController
+from epp.picker.flowcontrol.overload import OverloadJudge
 from epp.picker.flowcontrol.settings import Capacity, FlowControlSettings
 from epp.picker.scheduling.state import SchedulerState
 
@@ -27,6 +29,7 @@ class FlowControl:
 
     queues: FlowController[RequestLife]
     gate: Gate
+    judge: OverloadJudge | None = None  # None: requests wait until dispatched or their TTL
 
 
 def build_flow_control(
@@ -40,7 +43,8 @@ def build_flow_control(
         gate = SlotGate(state, detector, drain_after_s=settings.drain_after_s)
     else:
         gate = SaturationGate(detector)
-    return FlowControl(FlowController(settings), gate)
+    judge = OverloadJudge(settings.overload) if settings.overload.enabled else None
+    return FlowControl(FlowController(settings), gate, judge)
 
 
 __all__ = ["Capacity", "FlowControl", "FlowControlSettings", "build_flow_control"]

@@ -8,8 +8,12 @@ whose adapter is not in the batch while it holds `max_lora` others waits in the 
 slot, whatever frees elsewhere. So per endpoint the gate counts two kinds of capacity:
 
 - request headroom: its waiting queue (less requests deferred for a slot, counted below, plus the
-  requests sent there since its scrape beyond what its batch had room for) and KV usage under
-  the saturation thresholds (stale or missing metrics are not evidence: headroom);
+  requests sent there since its scrape beyond what its batch had room for, less those we saw
+  finish there since) and KV usage under the saturation thresholds (stale or missing metrics are
+  not evidence: headroom). While the pool is overloaded (flow control refused a request it could
+  not serve in time, within the last `OVERLOADED_HOLD_S`), a pod may hold no queue of its own: a
+  request goes to a pod only where its batch has room, so the EPP's order (priority band, then
+  fairness) decides who starts next, not each pod's first-come order;
 - adapter slots: the adapters with requests in flight there (ours from the routing ledger, plus
   any its scrape shows that we did not see finish since) against its `max_lora`.
 
@@ -22,13 +26,15 @@ so until then a pod counts as having the slots it last reported, or the residenc
 Starvation guard: slots normally free as adapters' last requests finish, and the queue hands
 each freed slot on. When an adapter has waited `drain_after_s` for a slot and no slot has freed
 among its candidates for that long either (every slot is held by adapters that never run dry),
-the gate picks an endpoint where some slot holder can be let go soonest (the fewest requests in
-flight, the least popular on ties) and stops sending that holder's new requests there; they go to
+the gate picks an endpoint with request headroom where some slot holder can be let go soonest
+(the fewest requests in flight, the least popular on ties) and stops sending that holder's new
+requests there; they go to
 its other homes or wait. Its last request there finishes, and the slot frees for the queue.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,6 +49,15 @@ from epp.picker.scheduling.types import LLMRequest, NamedCandidates
 
 # Requests a pod never yet seen with a full batch is assumed to start at once between two scrapes.
 UNSEEN_BATCH_ROOM = 32
+# While the pool is overloaded (flow control refused a request it could not serve in time), a pod
+# takes a request only where its batch has room for it (no queue of its own), so the EPP's order
+# (priority band, fairness) decides who starts next, not each pod's first-come order. The hold
+# keeps that up this long after the last refusal. Otherwise a pod may queue the detector's
+# threshold (5), which slot-bound traffic needs: `epp bench`, seed 1, zipf-100's P99 TTFT is 1.11 s
+# with it and 1.58 s with no pod queue at all; priority-mix's goodput 56.8 % with a 5 s hold after
+# any sign of saturation, 66.6 % with this one (docs/benchmarks.md, "Overload").
+OVERLOADED_POD_QUEUE = 0
+OVERLOADED_HOLD_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +110,15 @@ class Gate(Protocol):
     def rooms(self, endpoints: Sequence[EndpointState], now: float) -> list[EndpointRoom]:
         """Each endpoint's capacity, as this gate counts it."""
 
+    def saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        """No candidate has request headroom: the pool, not a LoRA slot, is what a request waits for."""
+
+    def forget(self, alive: Container[str]) -> None:
+        """Drop what the gate keeps of endpoints not in `alive` (they left the pool)."""
+
+    def overloaded(self, now: float) -> None:
+        """Flow control refused a request the pool could not serve in time: it is overloaded."""
+
 
 class SaturationGate:
     """Upstream's gate: all candidates while the pool is not saturated, none while it is."""
@@ -118,6 +142,15 @@ class SaturationGate:
         open_ = self._detector.level(endpoints, now) is SaturationLevel.OK
         return [EndpointRoom(e.endpoint.name, open_, None, {}, None) for e in endpoints]
 
+    def saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        return self._detector.level(candidates, now) is not SaturationLevel.OK
+
+    def forget(self, alive: Container[str]) -> None:
+        pass
+
+    def overloaded(self, now: float) -> None:
+        pass
+
 
 class SlotGate:
     """Request headroom and LoRA slots per endpoint; see the module docstring."""
@@ -128,6 +161,8 @@ class SlotGate:
         detector: SaturationDetector,
         *,
         drain_after_s: float,
+        overloaded_queue: int = OVERLOADED_POD_QUEUE,
+        overloaded_hold_s: float = OVERLOADED_HOLD_S,
     ) -> None:
         self._state = state
         self._detector = detector
@@ -136,6 +171,10 @@ class SlotGate:
         # showing the adapter active is not evidence that it still holds a slot.
         self._freed_at: dict[tuple[str, str], float] = {}
         self._last_finish: dict[str, float] = {}  # endpoint -> when any request finished there
+        self._finishes: dict[str, deque[float]] = {}  # endpoint -> when requests finished there lately
+        self._overloaded_queue = overloaded_queue
+        self._overloaded_hold_s = overloaded_hold_s
+        self._tight_until = float("-inf")  # while now is before it, pods take no queue (see above)
         self._slot_freed_at: dict[str, float] = {}  # endpoint -> when an adapter last left it
         self._batch_size: dict[str, int] = {}  # endpoint -> its running requests when last seen full
         self._max_lora: dict[str, int] = {}  # endpoint -> the max_lora it last reported
@@ -322,21 +361,54 @@ class SlotGate:
             self.draining[endpoint] = (holder, adapter)
             self._dirty.add(endpoint)
 
+    def saturated(self, candidates: Sequence[EndpointState], now: float) -> bool:
+        self._refresh(candidates, now)
+        if candidates is self._swept:
+            return not self._with_headroom
+        return not any(self._rooms[e.endpoint.name].headroom for e in candidates)
+
+    def overloaded(self, now: float) -> None:
+        if self._overloaded_hold_s <= 0:
+            return
+        if now >= self._tight_until:
+            self._swept = None  # every room is worked out again under the tighter target
+        self._tight_until = now + self._overloaded_hold_s
+
+    def forget(self, alive: Container[str]) -> None:
+        for per_endpoint in (
+            self._last_finish,
+            self._finishes,
+            self._slot_freed_at,
+            self._batch_size,
+            self._max_lora,
+        ):
+            for name in [name for name in per_endpoint if name not in alive]:
+                del per_endpoint[name]
+        for key in [key for key in self._freed_at if key[0] not in alive]:
+            del self._freed_at[key]
+        for name in [name for name in self.draining if name not in alive]:
+            del self.draining[name]
+        if any(name not in alive for name in self._rooms):
+            self._swept = None  # the next request rebuilds the rooms from its candidates
+
     def rooms(self, endpoints: Sequence[EndpointState], now: float) -> list[EndpointRoom]:
+        """Each endpoint's capacity, worked out afresh without changing what the gate keeps: a
+        view (`/debug/flow-control`, the pool page) must never move a decision."""
         rooms = []
         for e in endpoints:
-            self._update(e, now)
             name = e.endpoint.name
-            room = self._rooms[name]
             holders = self._state.inflight.adapters(name)
+            slots = self._slots(e, record=False)
+            scheduled = self._scheduled_elsewhere(name, holders, e, now)
+            free = self._free_slots(name, slots, holders, e, now, len(scheduled))
             drain = self.draining.get(name)
             rooms.append(
                 EndpointRoom(
                     endpoint=name,
-                    headroom=room.headroom,
-                    slots=self._slots(e),
+                    headroom=self._headroom(e, now, record=False),
+                    slots=slots,
                     in_flight=dict(holders) if holders else {},
-                    free_slots=None if room.free is None else max(0, room.free),
+                    free_slots=max(0, free),
                     draining=drain[0] if drain is not None else None,
                 )
             )
@@ -344,7 +416,7 @@ class SlotGate:
 
     # -- per endpoint -----------------------------------------------------------------------
 
-    def _headroom(self, e: EndpointState, now: float) -> bool:
+    def _headroom(self, e: EndpointState, now: float, *, record: bool = True) -> bool:
         """Its queue and KV under the thresholds.
 
         Requests sent since its scrape are not in it: those its batch had room for start at once,
@@ -358,27 +430,51 @@ class SlotGate:
             return True  # missing or stale metrics are not evidence of a full pod
         name = e.endpoint.name
         queued = m.waiting_requests - m.deferred_requests
-        if queued > self._detector.queue_depth_threshold:
+        if queued > self._detector.queue_depth_threshold and record:
             # Past the threshold, not just between two engine steps: its batch is full.
             self._batch_size[name] = m.running_requests
         full_at = self._batch_size.get(name)
         room = UNSEEN_BATCH_ROOM if full_at is None else max(0, full_at - m.running_requests)
         unseen = self._state.inflight.routed_from(name, m.updated_at)
+        # What finished there since its scrape made room its scrape cannot show either.
+        finished = self._finished_since(name, m.updated_at)
+        waiting_now = max(0, queued + max(0, unseen - room) - finished)
         return (
-            queued + max(0, unseen - room) <= self._detector.queue_depth_threshold
+            waiting_now <= self._pod_queue(now, record=record)
             and m.kv_cache_usage <= self._detector.kv_cache_util_threshold
         )
+
+    def _pod_queue(self, now: float, *, record: bool = True) -> int:
+        """The requests a pod may hold waiting: none while the pool is overloaded, else the
+        detector's threshold."""
+        if now < self._tight_until:
+            if record:  # the rooms are worked out again when the hold ends
+                self._valid_until = min(self._valid_until, self._tight_until)
+            return self._overloaded_queue
+        return self._detector.queue_depth_threshold
+
+    def _finished_since(self, name: str, since: float) -> int:
+        finishes = self._finishes.get(name)
+        if not finishes:
+            return 0
+        n = 0
+        for at in reversed(finishes):
+            if at <= since:
+                break
+            n += 1
+        return n
 
     def _changed(self) -> None:
         self._sets_version += 1
         self._lists.clear()
 
-    def _slots(self, e: EndpointState) -> int:
+    def _slots(self, e: EndpointState, *, record: bool = True) -> int:
         """Its LoRA slots: as scraped, else as last scraped, else the residency model's default."""
         name = e.endpoint.name
         m = e.metrics
         if m is not None and m.max_lora > 0:
-            self._max_lora[name] = m.max_lora
+            if record:
+                self._max_lora[name] = m.max_lora
             return m.max_lora
         return self._max_lora.get(name, self._state.residency.params.default_max_lora)
 
@@ -427,10 +523,14 @@ class SlotGate:
         inflight = self._state.inflight
         popularity = self._state.popularity
         best: tuple[int, float, str, str] | None = None
+        rooms = self._rooms
         for e in candidates:
             name = e.endpoint.name
             if name in self.draining:
                 continue
+            room = rooms.get(name)
+            if room is not None and not room.headroom:
+                continue  # draining a pod that cannot start the waiter anyway frees nothing for it
             holders = inflight.adapters(name)
             if not holders:
                 continue
@@ -448,6 +548,11 @@ class SlotGate:
         if not finished:
             return
         self._last_finish[endpoint] = now
+        finishes = self._finishes.setdefault(endpoint, deque())
+        finishes.append(now)
+        horizon = now - self._detector.staleness_threshold_s  # older finishes precede any fresh scrape
+        while finishes[0] < horizon:
+            finishes.popleft()
         if self._state.inflight.adapter_count(endpoint, adapter) == 0:
             self._freed_at[(endpoint, adapter)] = now
             if adapter != BASE_MODEL:

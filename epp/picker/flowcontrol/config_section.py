@@ -21,6 +21,9 @@ Applied, with upstream's meaning and defaults:
   error). The capacity gate follows the detector's type: `lora-capacity-detector` (ours) gates per
   endpoint on request headroom and LoRA slots, with its `drainAfter` for the starvation guard;
   any other detector gates on whole-pool saturation, as upstream.
+- Ours, with `lora-capacity-detector` only: its `queueWaitTarget` (default 500 ms; `0s`: off), the
+  overload judge's target (`flowcontrol.overload`): while the pool is saturated, Sheddable requests
+  are refused at once and others once they cannot be dispatched within it (429, `Retry-After`).
 - `enableEviction: false` and `noEndpointRequestTTL: 0s` say what this EPP does anyway.
 
 Refused with the reason, never dropped silently, because each would change behaviour the user
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 from epp.errors import ConfigError
 from epp.picker.admission import DetectorConfig, SaturationDetector, detector_config
+from epp.picker.flowcontrol.overload import DEFAULT_WAIT_TARGET_S, OverloadSettings
 from epp.picker.flowcontrol.settings import (
     DEFAULT_BAND_MAX_BYTES,
     DEFAULT_BAND_MAX_REQUESTS,
@@ -83,6 +87,15 @@ def flow_control_settings(
                 for i, (priority, band) in enumerate(spec.bands)
             },
             drain_after_s=DEFAULT_DRAIN_AFTER_S if chosen.drain_after_s is None else chosen.drain_after_s,
+            overload=OverloadSettings(
+                wait_target_s=(
+                    0.0
+                    if not slots
+                    else DEFAULT_WAIT_TARGET_S
+                    if chosen.wait_target_s is None
+                    else chosen.wait_target_s
+                )
+            ),
         )
     except ValueError as err:  # the loader checked every value; this guards hand-built configs
         raise ConfigError(f"flowControl: {err}") from err

@@ -4,7 +4,9 @@
 `dispatch` runs one pass over everything waiting, highest band first, each band's flows in its
 fairness order and each flow's requests in its ordering, asking `place` of each lane's head. A
 head that cannot be placed now blocks only its lane for the rest of the pass. `expire` takes out
-requests whose TTL ran out; `remove` one whose client left.
+requests whose TTL ran out; `overdue` those that waited longer than a bound (the overload
+judge's); `take_below` every request under a priority (shedding); `remove` one whose client left.
+`position` says how many requests a newcomer would wait behind, for the judge's estimate.
 
 Pure and synchronous: the caller (the director) calls `dispatch` whenever capacity may have
 freed (a request finished, a scrape arrived, a peer's batch, a timer) and does the placing.
@@ -60,6 +62,17 @@ class LaneView:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowView:
+    """One flow (a fairness ID in one band) as `/debug/flow-control` shows it."""
+
+    priority: int
+    fairness_id: str
+    requests: int
+    counter: float  # vtc: tokens served ÷ weight since it last became backlogged; round-robin: turns
+    ahead: int  # requests a newcomer of this flow would be dispatched after (`position`)
+
+
+@dataclass(frozen=True, slots=True)
 class BandView:
     """One band as metrics and `/debug/flow-control` show it."""
 
@@ -98,8 +111,10 @@ class FlowController(Generic[T]):
         size: int,
         now: float,
         ttl_s: float,
+        cost: float = 0.0,
     ) -> QueueItem[T] | Rejection:
-        """File `payload`, or say which limit refuses it."""
+        """File `payload`, or say which limit refuses it. `cost`: what dispatching it charges its
+        flow's fairness counter (its prompt tokens; 0: its size in bytes)."""
         if id(payload) in self._items:
             raise ValueError("this request is queued already")
         band = self._band(priority)
@@ -122,6 +137,7 @@ class FlowController(Generic[T]):
             enqueued_at=now,
             deadline=deadline,
             seq=next(self._seq),
+            cost=cost,
         )
         band.add(item)
         self._items[id(payload)] = item
@@ -153,7 +169,7 @@ class FlowController(Generic[T]):
         refused: list[QueueItem[T]],
         blocked: list[QueueItem[T]],
     ) -> None:
-        heads: list[tuple[float, tuple[float, float, float], int, Flow[T], Lane[T]]] = []
+        heads: list[tuple[tuple[float, int], tuple[float, float, float], int, Flow[T], Lane[T]]] = []
         tie = itertools.count()
         ordering = band.ordering
         for flow, lane in band.lanes():
@@ -180,13 +196,81 @@ class FlowController(Generic[T]):
     def expire(self, now: float) -> list[QueueItem[T]]:
         """Take out every request whose deadline has passed, oldest deadline first."""
         gone: list[QueueItem[T]] = []
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, _, item = heapq.heappop(deadlines)
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, item = heapq.heappop(self._deadlines)  # (taking one may rebuild the heap)
             if item.queued:
                 self._take(self._bands[item.priority], item, dispatched=False)
                 gone.append(item)
         return gone
+
+    def overdue(self, now: float, max_wait_s: float, *, below: int | None = None) -> list[QueueItem[T]]:
+        """Take out every request that has waited longer than `max_wait_s` (in bands under
+        priority `below`, when given), oldest first within each lane. A lane's head is its oldest
+        request (lanes keep arrival order; edf's deadlines are arrival plus one TTL), so each lane
+        is read only as far as its first request still within the bound."""
+        gone: list[QueueItem[T]] = []
+        limit = now - max_wait_s
+        for priority in list(self._order):
+            if below is not None and priority >= below:
+                continue
+            band = self._bands[priority]
+            for _, lane in list(band.lanes()):
+                while lane.count:
+                    head = lane.head()
+                    if head is None or head.enqueued_at > limit:
+                        break
+                    self._take(band, head, dispatched=False)
+                    gone.append(head)
+        return gone
+
+    def take_below(self, priority: int) -> list[QueueItem[T]]:
+        """Take out every request of a band under `priority` (shedding), highest band first."""
+        gone: list[QueueItem[T]] = []
+        for band_priority in list(self._order):
+            if band_priority >= priority:
+                continue
+            band = self._bands[band_priority]
+            for _, lane in list(band.lanes()):
+                for item in list(lane):
+                    self._take(band, item, dispatched=False)
+                    gone.append(item)
+        return gone
+
+    def waiting_from(self, priority: int) -> int:
+        """Requests waiting at `priority` or above: those a newcomer of that priority may not pass."""
+        return sum(self._bands[p].count for p in self._order if p >= priority)
+
+    def position(self, priority: int, fairness_id: str) -> int:
+        """About how many requests a newcomer of this band and flow would be dispatched after.
+
+        Every request of a higher band and of its own flow; of each other flow in its band, none
+        when the fairness policy ranks that flow behind the newcomer's, else as many as its own
+        flow will dispatch meanwhile (fair policies interleave flows); under global-strict, all of
+        them. An estimate for the overload judge, not a promise."""
+        ahead = 0
+        for p in self._order:
+            if p > priority:
+                ahead += self._bands[p].count
+        band = self._bands.get(priority)
+        if band is None or not band.count:
+            return ahead
+        if band.fairness == "global-strict":
+            return ahead + band.count
+        flow = band.flows.get(fairness_id)
+        own = flow.count if flow is not None else 0
+        rank = band.flow_rank(flow) if flow is not None else band.newcomer_rank(fairness_id)
+        for other in band.flows.values():
+            if other is flow:
+                ahead += own
+            elif band.flow_rank(other) < rank:
+                ahead += min(other.count, own + 1)
+        return ahead
+
+    def charge(self, priority: int, fairness_id: str, cost: float) -> None:
+        """Count `cost` more tokens served to a flow (output tokens, as its request finished)."""
+        band = self._bands.get(priority)
+        if band is not None:
+            band.charge(fairness_id, cost)
 
     def remove(self, payload: T) -> QueueItem[T] | None:
         """Take out `payload` (its client left); None when it is not queued."""
@@ -220,10 +304,21 @@ class FlowController(Generic[T]):
         del self._items[id(item.payload)]
         self.count -= 1
         self.size -= item.size
+        deadlines = self._deadlines
         if not self._items:
-            self._deadlines.clear()
+            deadlines.clear()
+        elif len(deadlines) > 2 * self.count + 64:
+            # Entries of requests that left go lazily; once they outnumber the waiting ones the
+            # heap is rebuilt, so it holds what waits (not every request of the last TTL).
+            self._deadlines = [entry for entry in deadlines if entry[2].queued]
+            heapq.heapify(self._deadlines)
 
     # -- views ------------------------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        """Entries the deadline heap holds, waiting or gone (bounded by about twice what waits)."""
+        return len(self._deadlines)
 
     def bands(self, now: float) -> list[BandView]:
         views = []
@@ -262,6 +357,25 @@ class FlowController(Generic[T]):
         views.sort(key=lambda view: view.total_wait_s, reverse=True)
         return views[:limit]
 
+    def flows(self, limit: int = 50) -> list[FlowView]:
+        """The `limit` flows with the most requests waiting, most first."""
+        views = []
+        for priority in self._order:
+            band = self._bands[priority]
+            for flow in band.flows.values():
+                if flow.count:
+                    views.append(
+                        FlowView(
+                            priority=priority,
+                            fairness_id=flow.fairness_id,
+                            requests=flow.count,
+                            counter=flow.counter if band.fairness == "vtc" else float(flow.turn),
+                            ahead=self.position(priority, flow.fairness_id),
+                        )
+                    )
+        views.sort(key=lambda view: view.requests, reverse=True)
+        return views[:limit]
+
     def items(self, priority: int | None = None) -> Iterator[QueueItem[T]]:
         """Every waiting item (of one band), in no particular order."""
         for item in self._items.values():
@@ -289,4 +403,13 @@ def _new_band(priority: int, settings: BandSettings) -> Band[T]:
     )
 
 
-__all__ = ["BandView", "FlowController", "LaneView", "PassResult", "Placement", "Rejection", "ordering_key"]
+__all__ = [
+    "BandView",
+    "FlowController",
+    "FlowView",
+    "LaneView",
+    "PassResult",
+    "Placement",
+    "Rejection",
+    "ordering_key",
+]

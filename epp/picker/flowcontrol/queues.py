@@ -43,6 +43,7 @@ class QueueItem(Generic[T]):
     """One waiting request: its payload, where it waits and its ordering key."""
 
     __slots__ = (
+        "cost",
         "deadline",
         "enqueued_at",
         "fairness_id",
@@ -65,6 +66,7 @@ class QueueItem(Generic[T]):
         enqueued_at: float,
         deadline: float,
         seq: int,
+        cost: float = 0.0,
     ) -> None:
         self.payload = payload
         self.fairness_id = fairness_id
@@ -74,6 +76,9 @@ class QueueItem(Generic[T]):
         self.enqueued_at = enqueued_at
         self.deadline = deadline
         self.seq = seq
+        # What dispatching it charges its flow's fairness counter (vtc): its prompt tokens, or its
+        # bytes where the caller counts none; 0: its size.
+        self.cost = cost
         self.queued = True  # False once dispatched or removed (heaps drop such entries lazily)
 
 
@@ -114,6 +119,13 @@ class Lane(Generic[T]):
             heapq.heappop(heap)
         return heap[0][1] if heap else None
 
+    def left(self) -> None:
+        """One of its items left from inside the lane (expired, or its client left): once its heap
+        holds more gone entries than waiting ones, rebuild it, so memory follows what waits."""
+        if len(self._heap) > 2 * self.count + 16:
+            self._heap = [entry for entry in self._heap if entry[1].queued]
+            heapq.heapify(self._heap)
+
     def head_order(self) -> tuple[float, int]:
         self.head()
         return self._heap[0][0]
@@ -132,7 +144,7 @@ class Flow(Generic[T]):
     count: int = 0
     size: int = 0
     turn: int = 0  # round-robin: requests dispatched, offset to the band's round when it became backlogged
-    counter: float = 0.0  # vtc: request bytes dispatched ÷ weight, offset likewise
+    counter: float = 0.0  # vtc: tokens served ÷ weight, lifted likewise
 
 
 @dataclass(slots=True)
@@ -150,23 +162,43 @@ class Band(Generic[T]):
     count: int = 0
     size: int = 0
 
-    def flow_rank(self, flow: Flow[T]) -> float:
-        """The fairness policy's rank of `flow` (lower goes first); global-strict ranks all alike."""
+    def flow_rank(self, flow: Flow[T]) -> tuple[float, int]:
+        """The fairness policy's rank of `flow` (lower goes first); global-strict ranks all alike.
+        Under vtc, on a tie the flow with fewer requests waiting goes first."""
         if self.fairness == "round-robin":
-            return float(flow.turn)
+            return (float(flow.turn), 0)
         if self.fairness == "vtc":
-            return flow.counter
-        return 0.0
+            return (flow.counter, flow.count)
+        return (0.0, 0)
+
+    def newcomer_rank(self, fairness_id: str) -> tuple[float, int]:
+        """The rank a flow with nothing waiting would get with its first request (see `add`)."""
+        others = [f for f in self.flows.values() if f.count]
+        if self.fairness == "round-robin":
+            return (float(min((f.turn for f in others), default=0)), 0)
+        if self.fairness == "vtc":
+            return (min((f.counter for f in others), default=0.0), 1)
+        return (0.0, 0)
+
+    def charge(self, fairness_id: str, cost: float) -> None:
+        """Count `cost` more tokens served to `fairness_id` (vtc: output tokens as a request finishes)."""
+        if self.fairness != "vtc" or cost <= 0:
+            return
+        flow = self.flows.get(fairness_id)
+        if flow is not None:  # an idle flow keeps no counter (see `add`)
+            flow.counter += cost / flow.weight
 
     def add(self, item: QueueItem[T]) -> None:
         flow = self.flows.get(item.fairness_id)
         if flow is None:
             weight = self.weights.get(item.fairness_id, self.default_weight)
             flow = self.flows[item.fairness_id] = Flow(item.fairness_id, weight)
-            # A new flow starts level with the least-served backlogged one: waiting earns no credit.
-            others = [f for f in self.flows.values() if f.count]
-            flow.turn = min((f.turn for f in others), default=0)
-            flow.counter = min((f.counter for f in others), default=0.0)
+            # A flow that becomes backlogged starts level with the least-served backlogged one:
+            # idling earns no credit. (Its counter before does not count either, as upstream's
+            # vtc: a tenant that sends now and then is never held behind one that floods.)
+            rank = self.newcomer_rank(item.fairness_id)
+            flow.turn = int(rank[0]) if self.fairness == "round-robin" else 0
+            flow.counter = rank[0] if self.fairness == "vtc" else 0.0
         lane = flow.lanes.get(item.lane)
         if lane is None:
             lane = flow.lanes[item.lane] = Lane(item.lane)
@@ -189,9 +221,11 @@ class Band(Generic[T]):
         self.size -= item.size
         if dispatched:
             flow.turn += 1
-            flow.counter += max(1, item.size) / flow.weight
+            flow.counter += (item.cost or max(1, item.size)) / flow.weight
         if lane.count == 0:
             del flow.lanes[item.lane]
+        else:
+            lane.left()
         if flow.count == 0:
             del self.flows[item.fairness_id]  # an idle flow keeps no counter, as upstream's vtc
 

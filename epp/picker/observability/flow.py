@@ -1,12 +1,17 @@
 """`GET /debug/flow-control`: what waits in the EPP's queues, and the capacity it waits for.
 
-Operators ask "why is this request waiting?": the page lists each priority band (requests, bytes,
-flows, the oldest wait), the lanes that have waited longest (a lane is one flow's requests for
-one target model), and per endpoint what the gate counts: request headroom, LoRA slots, the
-adapters in flight there and a slot being freed for a waiter.
+Operators ask "why is this request waiting?" and "why was it refused?": the page lists each
+priority band (requests, bytes, flows, the oldest wait, what a newcomer would wait now, the
+refusals by reason), the flows with the most waiting (a flow is one fairness ID in one band: its
+requests, its fairness counter, its estimated wait), the lanes that have waited longest (a lane is
+one flow's requests for one target model), the overload judge (its target, the dispatch rate it
+estimates by), and per endpoint what the gate counts: request headroom, LoRA slots, the adapters
+in flight there and a slot being freed for a waiter. Reading it changes nothing.
 """
 
 from __future__ import annotations
+
+import math
 
 from aiohttp import web
 
@@ -15,6 +20,7 @@ from epp.picker.datastore.store import Datastore
 from epp.picker.director import Director
 
 LANES_SHOWN = 50
+FLOWS_SHOWN = 50
 
 
 def flow_control_view(director: Director, datastore: Datastore, clock: Clock) -> dict[str, object]:
@@ -49,22 +55,62 @@ def flow_control_view(director: Director, datastore: Datastore, clock: Clock) ->
         }
         for room in flow.gate.rooms(datastore.snapshot().endpoints, now)
     ]
-    return {
-        "enabled": True,
-        "capacity": settings.capacity.value,
-        "request_ttl_s": settings.request_ttl_s,
-        "queued": len(queues),
-        "bytes": queues.size,
-        "bands": [
+    judge = flow.judge
+    refusals: dict[int, dict[str, int]] = {}
+    if judge is not None:
+        for (priority, reason), count in sorted(judge.refusals.items(), key=lambda kv: kv[0][1].value):
+            refusals.setdefault(priority, {})[reason.value] = count
+
+    def wait_s(ahead: int) -> float | None:
+        if judge is None:
+            return None
+        wait = judge.view_wait(ahead, now)
+        return round(wait, 3) if math.isfinite(wait) else None
+
+    bands = []
+    for band in queues.bands(now):
+        bands.append(
             {
                 "priority": band.priority,
                 "requests": band.requests,
                 "bytes": band.bytes,
                 "flows": band.flows,
                 "oldest_wait_s": None if band.oldest_wait_s is None else round(band.oldest_wait_s, 3),
+                "newcomer_wait_s": wait_s(queues.position(band.priority, "")),
+                "refused": refusals.pop(band.priority, {}),
             }
-            for band in queues.bands(now)
-        ],
+        )
+    bands.extend(
+        {"priority": priority, "requests": 0, "refused": counts} for priority, counts in refusals.items()
+    )
+    flows = [
+        {
+            "priority": view.priority,
+            "fairness_id": view.fairness_id,
+            "requests": view.requests,
+            "counter": round(view.counter, 1),
+            "estimated_wait_s": wait_s(view.ahead),
+        }
+        for view in queues.flows(FLOWS_SHOWN)
+    ]
+    return {
+        "enabled": True,
+        "capacity": settings.capacity.value,
+        "request_ttl_s": settings.request_ttl_s,
+        # vtc counts prompt tokens (estimated from the text, 4 characters a token) as a request is
+        # dispatched and output tokens (twice) as it finishes; a request without prompt text counts
+        # its body's bytes instead.
+        "fairness_cost": "tokens (bytes where a request has no prompt text)",
+        "overload": None
+        if judge is None
+        else {
+            "wait_target_s": judge.settings.wait_target_s,
+            "dispatch_rate_per_s": round(judge.rate(now), 3),
+        },
+        "queued": len(queues),
+        "bytes": queues.size,
+        "bands": bands,
+        "flows": flows,
         "lanes": lanes,
         "endpoints": endpoints,
     }

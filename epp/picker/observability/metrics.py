@@ -43,6 +43,19 @@ TOKEN_BUCKETS = tuple(float(2**n) for n in range(0, 18))  # 1 .. 131072 tokens
 _Family = TypeVar("_Family", Counter, Gauge, Histogram)
 
 DECISION_BUCKETS_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# The reasons flow control refuses a request with (`EppError.reason`), as metric label values.
+FLOW_REFUSAL_REASONS = frozenset(
+    {
+        "sheddable",
+        "predicted-wait",
+        "waited-too-long",
+        "queue-full",
+        "pool-queue-full",
+        "queue-ttl",
+        "no-endpoints",
+        "shutdown",
+    }
+)
 # Upstream's flow-control queue-duration buckets.
 QUEUE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 QUEUE_LABELS = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
@@ -191,6 +204,15 @@ class EppMetrics:
             ("criticality",),
             registry=registry,
         )
+        self._flow_refused = Counter(
+            "lora_epp_flow_control_refused_total",
+            "Requests flow control refused, by priority band and reason: sheddable (the pool is "
+            "saturated), predicted-wait (on arrival: it could not be dispatched within the queue wait "
+            "target), waited-too-long (while waiting), queue-full, pool-queue-full, queue-ttl, "
+            "no-endpoints, shutdown.",
+            ("priority", "reason"),
+            registry=registry,
+        )
         self._finished_by = Counter(
             "inference_extension_request_finished_total",
             "Routed requests by what told the EPP they had finished: their response passing through "
@@ -278,6 +300,10 @@ class EppMetrics:
 
     def record_shed(self, criticality: Criticality) -> None:
         self._shed.labels(criticality.value).inc()
+
+    def record_flow_refusal(self, priority: int, reason: str) -> None:
+        """A request flow control refused (reasons are the bounded set the counter's help names)."""
+        self._flow_refused.labels(str(priority), reason if reason in FLOW_REFUSAL_REASONS else "other").inc()
 
     # -- flow control ----------------------------------------------------------------------
 

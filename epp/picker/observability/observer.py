@@ -104,6 +104,8 @@ class Observer:
             self.metrics.record_scheduling_failure(duration_s)
         if outcome == "shed" and request is not None and error.code is ErrorCode.RESOURCE_EXHAUSTED:
             self.metrics.record_shed(request.criticality)
+        if outcome.startswith("queue-"):
+            self.metrics.record_flow_refusal(life.priority, error.reason or "")
         names = tuple(c.name for c in candidates)
         if request is not None:
             span = self._start_span(life, request, names)

@@ -23,8 +23,10 @@ from epp.picker.datastore.types import (
 )
 from epp.picker.director import Director, prompt_text, replace_top_level_string
 from epp.picker.flowcontrol import FlowControl, FlowControlSettings, build_flow_control
+from epp.picker.flowcontrol.capacity import SlotGate
+from epp.picker.flowcontrol.overload import OverloadSettings
 from epp.picker.flowcontrol.settings import BandSettings
-from epp.picker.lifecycle import Ending, KeyMint, RequestLife, RoutingDecision, Stage
+from epp.picker.lifecycle import Ending, KeyMint, RequestLife, RoutingDecision, Stage, Usage
 from epp.picker.scheduling.types import LLMRequest
 from tests.support.fake_scheduler import FakeScheduler, pool_datastore, scrape_lora_slots
 
@@ -573,3 +575,142 @@ def test_flows_named_by_the_fairness_id_take_turns() -> None:
     assert fc.told == [first, other]  # the quiet tenant's turn, though "busy" waited longer
     other.finish(Ending.RESPONSE, fc.clock.now())
     assert fc.told == [first, other, second]
+
+
+# -- overload: refuse early, keep order across the pool ---------------------------------------------
+
+
+def overloaded(**settings: object) -> Fc:
+    """A flow-controlled director whose judge refuses past 0.5 s, over pods with no headroom."""
+    return Fc(
+        FlowControlSettings(
+            enabled=True,
+            overload=OverloadSettings(wait_target_s=0.5),
+            **settings,  # type: ignore[arg-type]
+        ),
+        objectives=[
+            InferenceObjective(name="critical", namespace="default", pool_name="pool", priority=10),
+            InferenceObjective(name="sheddable", namespace="default", pool_name="pool", priority=-10),
+        ],
+        waiting=10,
+    )
+
+
+def test_a_sheddable_request_is_refused_at_once_with_429_and_retry_after_while_the_pool_is_saturated() -> (
+    None
+):
+    fc = overloaded()
+    life = fc.director.mint("s")
+    with pytest.raises(EppError) as caught:
+        fc.director.arrive(
+            life, headers={"x-gateway-inference-objective": "sheddable"}, body=b'{"model":"base"}'
+        )
+    error = caught.value
+    assert (error.http_status, error.reason) == (429, "sheddable")
+    assert error.retry_after_s is not None and error.retry_after_s >= 1
+    assert json.loads(error.body())["error"]["code"] == 429
+    assert fc.queued == 0 and life.stage is Stage.ARRIVED
+
+
+def test_a_sheddable_request_waits_for_a_lora_slot_while_the_pool_has_headroom() -> None:
+    fc = overloaded()
+    fc.scrape(waiting=0)
+    holder = fc.send("a1")
+    fc.send("a2")  # both pods' one slot taken
+    life = fc.send("a3", {"x-gateway-inference-objective": "sheddable"})
+    assert life.stage is Stage.QUEUED  # a slot, not the pool, is what it waits for
+    holder.finish(Ending.RESPONSE, fc.clock.now())
+    assert fc.told == [life] and life.error is None
+
+
+def test_a_newcomer_that_cannot_be_dispatched_in_time_is_refused_on_arrival() -> None:
+    fc = overloaded()
+    # Nothing was dispatched lately: at today's rate the queue would not move within the target.
+    life = fc.director.mint("late")
+    with pytest.raises(EppError) as caught:
+        fc.director.arrive(life, headers={}, body=b'{"model":"base"}')
+    assert (caught.value.http_status, caught.value.reason) == (429, "predicted-wait")
+    assert "cannot be dispatched in time" in caught.value.message
+
+
+def test_a_waiting_request_past_the_target_is_refused_while_the_pool_stays_saturated() -> None:
+    fc = overloaded()
+    fc.scrape(waiting=0)
+    for _ in range(20):  # a dispatch rate of 20 per second lets a newcomer in
+        fc.send("base")
+        fc.clock.advance(0.05)
+    fc.scrape(waiting=10)
+    waiting = fc.send("base")
+    assert waiting.stage is Stage.QUEUED
+    fc.clock.advance(0.4)
+    fc.scrape(waiting=10)
+    fc.director.pump()
+    assert waiting.stage is Stage.QUEUED and fc.told == []
+    fc.clock.advance(0.2)
+    fc.scrape(waiting=10)
+    fc.director.pump()
+    assert fc.told == [waiting]
+    assert waiting.error is not None and (waiting.error.http_status, waiting.error.reason) == (
+        429,
+        "waited-too-long",
+    )
+
+
+def test_a_new_arrival_does_not_pass_requests_already_waiting_for_the_capacity_it_would_take() -> None:
+    fc = Fc(pod_ips=("10.0.0.1",), waiting=10)  # no headroom: the first request waits
+    waiting = fc.send("a1")
+    assert waiting.stage is Stage.QUEUED
+    fc.clock.advance(0.05)
+    fc.scrape(waiting=0)  # room again, seen by a scrape before any pass ran
+    newcomer = fc.send("a2")  # another adapter (another lane), for the same pod's one slot
+    assert fc.told == [waiting] and decision_of(waiting).primary.name == "pod-0-rank-0"
+    assert newcomer.stage is Stage.QUEUED  # it queues behind the one that waited
+    assert [request.request_id for request, _ in fc.scheduler.scheduled] == [waiting.key]
+
+
+def test_strict_priority_holds_across_lanes_a_lower_band_newcomer_waits_behind_a_higher_one() -> None:
+    fc = Fc(
+        pod_ips=("10.0.0.1",),
+        objectives=[InferenceObjective(name="high", namespace="default", pool_name="pool", priority=10)],
+        waiting=10,  # no headroom: everything queues
+    )
+    high = fc.send("a1", {"x-gateway-inference-objective": "high"})
+    assert high.stage is Stage.QUEUED
+    fc.scrape(waiting=0)  # headroom again, before any pass
+    low = fc.send("a2")  # another adapter, another lane: it used to go straight past
+    assert low.stage is Stage.QUEUED and fc.told == [high]  # the pod's one slot went to the higher band
+
+
+def test_output_tokens_count_against_the_flow_that_was_served_them() -> None:
+    fc = Fc(
+        FlowControlSettings(enabled=True, default_band=BandSettings(fairness="vtc")),
+        pod_ips=("10.0.0.1",),
+    )
+    holder = fc.send("a0")
+    a = {"x-gateway-inference-fairness-id": "A"}
+    b = {"x-gateway-inference-fairness-id": "B"}
+    a_first, b_first = fc.send("a1", a), fc.send("a2", b)
+    a_second, b_second = fc.send("a3", a), fc.send("a4", b)  # each needs the pod's one slot
+    holder.finish(Ending.RESPONSE, fc.clock.now())
+    assert fc.told == [a_first]  # the same counter: A's older lane goes first
+    a_first.outcome.usage = Usage(prompt_tokens=10, completion_tokens=1000, total_tokens=1010)
+    a_first.finish(Ending.RESPONSE, fc.clock.now())
+    assert fc.told == [a_first, b_first]
+    b_first.finish(Ending.RESPONSE, fc.clock.now())
+    # A was charged 2,000 for its output: B goes again before A does.
+    assert fc.told == [a_first, b_first, b_second]
+    assert a_second.stage is Stage.QUEUED
+
+
+def test_the_gate_forgets_endpoints_that_left_the_pool() -> None:
+    fc = Fc(pod_ips=("10.0.0.1", "10.0.0.2"))
+    life = fc.send("a1")
+    primary = decision_of(life).primary
+    life.finish(Ending.RESPONSE, fc.clock.now())
+    gate = fc.flow.gate
+    assert isinstance(gate, SlotGate)
+    gone = primary.name
+    assert gone in gate._last_finish
+    pods = [pod for pod in fc.store.pods() if pod.ip != primary.endpoint.ip]
+    fc.store.replace_pods(pods)
+    assert gone not in gate._last_finish and gone not in gate._finishes

@@ -149,8 +149,17 @@ def test_response_headers_reply_marks_went_into_resp_headers() -> None:
             EppError(ErrorCode.RESOURCE_EXHAUSTED, "system saturated, sheddable request dropped"),
             [("retry-after", "1")],
         ),
+        (
+            EppError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                "request rejected by flow control: the pool is saturated",
+                reason="predicted-wait",
+                retry_after_s=7,
+            ),
+            [("retry-after", "7")],  # the flow-control judge's estimated wait
+        ),
     ],
-    ids=["400", "503", "429-retry-after"],
+    ids=["400", "503", "429-retry-after", "429-estimated-retry-after"],
 )
 def test_immediate_error(error: EppError, extra_headers: list[tuple[str, str]]) -> None:
     got = messages.immediate_error(error)

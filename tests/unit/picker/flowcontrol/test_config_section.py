@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from epp.errors import ConfigError
 from epp.picker.admission import build_admission
 from epp.picker.flowcontrol.config_section import flow_control_detector, flow_control_settings
+from epp.picker.flowcontrol.overload import DEFAULT_WAIT_TARGET_S, OverloadSettings
 from epp.picker.flowcontrol.settings import (
     DEFAULT_DRAIN_AFTER_S,
     BandSettings,
@@ -104,6 +105,7 @@ def test_every_policy_and_our_detector() -> None:
             -1: BandSettings(ordering="edf", max_bytes=10 * 1024**2),
         },
         drain_after_s=0.25,
+        overload=OverloadSettings(wait_target_s=DEFAULT_WAIT_TARGET_S),
     )
     assert config.ignored == ("featureGates",)  # dataLayer is not a gate this EPP has
     # Admission sheds by the same detector flow control gates by.
@@ -179,6 +181,22 @@ def test_negative_band_template_equal_to_the_default_is_applied() -> None:
         _gated("  defaultPriorityBand: {maxRequests: 9}\n  defaultNegativePriorityBand: {maxRequests: 9}\n")
     )
     assert settings.band(-3) == settings.band(3) == BandSettings(max_requests=9)
+
+
+@pytest.mark.parametrize(
+    ("detector", "target_s"),
+    [
+        ("- type: lora-capacity-detector\n", DEFAULT_WAIT_TARGET_S),
+        ("- {type: lora-capacity-detector, parameters: {queueWaitTarget: 2s}}\n", 2.0),
+        ("- {type: lora-capacity-detector, parameters: {queueWaitTarget: 0s}}\n", 0.0),
+        ("- type: utilization-detector\n", 0.0),  # upstream's gate: requests wait their TTL, as upstream
+    ],
+    ids=["ours-default", "ours-set", "ours-off", "upstream"],
+)
+def test_the_queue_wait_target_is_ours_and_on_by_default(detector: str, target_s: float) -> None:
+    settings = _settings(_gated("  maxRequests: 5\n", detector))
+    assert settings.overload.wait_target_s == target_s
+    assert settings.overload.enabled is (target_s > 0)
 
 
 def test_detector_ref_defaults_to_the_only_detector() -> None:
@@ -346,6 +364,8 @@ def test_bad_section_fails_naming_the_key(text: str, message: str) -> None:
     [
         ("{drainAfter: -1s}", "parameter 'drainAfter': must not be negative"),
         ("{drainAfter: later}", "parameter 'drainAfter': invalid duration"),
+        ("{queueWaitTarget: soon}", "parameter 'queueWaitTarget': invalid duration"),
+        ("{queueWaitTarget: -1s}", "parameter 'queueWaitTarget': must not be negative"),
         ("{queueDepthThreshold: -1}", "must be ≥ 0"),
     ],
 )

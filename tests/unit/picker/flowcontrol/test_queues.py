@@ -181,9 +181,12 @@ def test_a_request_that_leaves_undispatched_does_not_use_up_its_flows_turn(fairn
     removed = next(item for item in fc.items() if item.payload.name == "A-removed")
     fc.remove(removed.payload)
 
+    if fairness == "vtc":  # B with more waiting: on a counter tie A goes first, unless it was charged
+        put(fc, "B1", flow="B", at=4.0)
+
     placed = run_pass(fc, now=5.0)
 
-    assert names(placed) == ["A1", "B0", "A2"]
+    assert names(placed)[:3] == ["A1", "B0", "A2"]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from epp.picker.datastore.types import Criticality, EndpointState, InferenceMode
 from epp.picker.director import Director, admit_all
 from epp.picker.extproc.stream import StreamHandler, StreamOptions
 from epp.picker.flowcontrol import FlowControlSettings, build_flow_control
+from epp.picker.flowcontrol.overload import OverloadSettings
 from epp.picker.flowcontrol.settings import BandSettings
 from epp.picker.lifecycle import Ending, KeyMint, RequestLife, Stage
 from epp.picker.observability.decisions import DecisionLog
@@ -468,6 +469,31 @@ def test_a_request_refused_at_a_full_queue_is_counted_as_rejected() -> None:
     entry = h.decisions.recent()[0]
     assert (entry.key, entry.outcome, entry.response_status) == (late.key, "queue-full", 429)
     assert entry.queue_wait_s is None
+
+
+REFUSED = "lora_epp_flow_control_refused_total"
+
+
+def test_flow_control_refusals_are_counted_by_band_and_reason_and_logged() -> None:
+    h = FlowHarness(
+        FlowControlSettings(
+            enabled=True,
+            overload=OverloadSettings(wait_target_s=0.5),
+            default_band=BandSettings(max_requests=1),
+        )
+    )
+    h.scrape(waiting=10)  # saturated, and nothing dispatched lately: no newcomer can be served in time
+    for _ in range(2):
+        late = h.director.mint()
+        with pytest.raises(EppError) as caught:
+            h.director.arrive(late, headers={"x-gateway-inference-fairness-id": "tenant-a"}, body=BODY)
+        assert caught.value.reason == "predicted-wait"
+        late.refuse(caught.value)
+        late.finish(Ending.REFUSED, h.clock.now())
+    assert h.sample(REFUSED, priority="0", reason="predicted-wait") == 2
+    assert h.sample(REFUSED, priority="0", reason="queue-full") is None
+    entry = h.decisions.recent()[0]
+    assert (entry.outcome, entry.reason, entry.response_status) == ("queue-refused", "predicted-wait", 429)
 
 
 def test_fairness_id_label_values_are_capped() -> None:

@@ -20,8 +20,10 @@ from epp.picker.admission import build_admission
 from epp.picker.datastore.types import Metrics, PodInfo
 from epp.picker.director import Director
 from epp.picker.flowcontrol import FlowControlSettings, build_flow_control
+from epp.picker.flowcontrol.capacity import SlotGate
 from epp.picker.lifecycle import Ending, KeyMint, RequestLife, Stage
 from epp.picker.observability.decisions import DecisionLog
+from epp.picker.observability.flow import flow_control_view
 from epp.picker.observability.http import build_app, start_http
 from epp.picker.observability.metrics import EppMetrics
 from epp.picker.observability.observer import Observer
@@ -295,3 +297,32 @@ async def test_the_routes_serve_the_view_and_a_self_contained_page() -> None:
     assert "connect-src 'self'" in policy and "default-src 'none'" in policy
     assert not re.search(r"""(src|href)\s*=|https?://|@import|url\(""", page), "no external assets"
     assert "fetch(url" in script and '"pool.json"' in script
+
+
+def test_reading_the_views_changes_nothing_the_gate_decides_by() -> None:
+    """GET /debug/flow-control and /debug/pool.json only read: what the slot gate keeps (its rooms,
+    the batch sizes it learned, the slots it remembers, its overload hold) is the same after them."""
+    harness = Harness()
+    scrape_lora_slots(harness.store, harness.clock.now(), max_lora=2, waiting=10, running=7)
+    flow = harness.director.flow
+    assert flow is not None
+    gate = flow.gate
+    assert isinstance(gate, SlotGate)
+
+    def kept() -> tuple[object, ...]:
+        return (
+            dict(gate._batch_size),
+            dict(gate._max_lora),
+            set(gate._rooms),
+            gate._valid_until,
+            gate._tight_until,
+            dict(gate.draining),
+        )
+
+    before = kept()
+    view = flow_control_view(harness.director, harness.store, harness.clock)
+    harness.view()
+    assert kept() == before
+    shown = view["endpoints"]
+    assert isinstance(shown, list) and [endpoint["headroom"] for endpoint in shown] == [False, False, False]
+    assert view["overload"] is None  # these settings turn the judge off

@@ -7,16 +7,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from epp.picker.admission import build_admission
 from epp.picker.datastore.types import EndpointState, Snapshot
-from epp.picker.flowcontrol import FlowControl, FlowControlSettings, build_flow_control
-from epp.picker.flowcontrol.settings import BandSettings
+from epp.picker.scheduling.policies import DEFAULT_CONFIG
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest, SchedulingResult
-from epp.tools.bench import events, runner, scenario, workload
+from epp.tools.bench import runner, scenario, workload
 from epp.tools.bench.events import Fleet, simulate
 from epp.tools.bench.model import PodConfig, SimRequest
-from epp.tools.bench.policies import ALL_POLICIES
+from epp.tools.bench.policies import ALL_POLICIES, add_config
 
 
 def _short(name: str = "brief", **overrides: float) -> scenario.Scenario:
@@ -244,17 +242,24 @@ def test_ttft_of_a_request_that_waited_in_the_epps_queue_counts_from_its_arrival
     assert summary.ttft_p50_s == pytest.approx(second.ttft_s)
 
 
-def test_requests_the_epp_refuses_are_marked_rejected_with_their_status(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    settings = FlowControlSettings(enabled=True, request_ttl_s=2.0, default_band=BandSettings(max_requests=2))
+# `default` with a short queue and no early refusal: requests wait their TTL or find the queue full.
+SHORT_QUEUE = (
+    DEFAULT_CONFIG.replace(
+        "- type: lora-capacity-detector\n",
+        "- type: lora-capacity-detector\n  parameters: {queueWaitTarget: 0s}\n",
+    )
+    .replace(
+        "flowControl:\n",
+        "flowControl:\n  defaultRequestTTL: 2s\n",
+    )
+    .replace("defaultPriorityBand: {", "defaultPriorityBand: {maxRequests: 2, ")
+)
 
-    def short_queue(policy: str, state: SchedulerState) -> FlowControl | None:
-        return build_flow_control(settings, state, build_admission().detector)
 
-    monkeypatch.setattr(events, "make_flow_control", short_queue)
+def test_requests_the_epp_refuses_are_marked_rejected_with_their_status() -> None:
+    add_config(SHORT_QUEUE, "short-queue")
     requests = adapter_burst(50, 200, 200, 200)  # a0 runs about 1 s, a1 about 4 s
-    result = simulate("default", one_slot_pod(), requests, seed=1)
+    result = simulate("short-queue", one_slot_pod(), requests, seed=1)
     served, waited, timed_out, turned_away = result.requests
     assert served.finish_s is not None and not served.rejected
     # a1 waits for a0's slot (less than its TTL), a2 behind it runs out of TTL, a3 finds the queue full.

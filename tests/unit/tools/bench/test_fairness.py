@@ -326,9 +326,10 @@ def test_priority_mix_objectives_reach_the_epp(priority_runs: dict[bool, runner.
     legacy = _by_objective(priority_runs[False])
     assert legacy["sheddable"].refused > 10 * legacy["critical"].refused
     assert priority_runs[False].refused_429 > 0 and priority_runs[False].refused_503 == 0
-    # With it, requests wait in the EPP instead of being shed at the door.
+    # With it, Sheddable is refused at once while the pool is saturated, and no request waits in the
+    # EPP past the overload judge's target (500 ms) before it is dispatched or refused.
     queued = priority_runs[True]
-    assert queued.refused_429 == 0 and queued.queue_wait_p99_s > 1.0
+    assert queued.refused_429 > 0 and queued.refused_503 == 0 and queued.queue_wait_p99_s <= 0.6
     assert {p.objective for p in queued.by_priority} == {"critical", "standard", "sheddable"}
 
 
@@ -336,8 +337,9 @@ def test_priority_mix_critical_goes_first_and_sheddable_absorbs_refusals(
     priority_runs: dict[bool, runner.PolicySummary],
 ) -> None:
     figures = _by_objective(priority_runs[True])
-    assert figures["critical"].ttft_p99_s <= figures["sheddable"].ttft_p99_s
-    assert figures["critical"].refused == 0
+    assert figures["critical"].slo_goodput >= 0.9
+    assert figures["critical"].slo_goodput > figures["standard"].slo_goodput + 0.1
+    assert figures["critical"].refused <= 0.02 * figures["critical"].requests
     assert figures["sheddable"].refused > 0
     assert figures["sheddable"].refused >= figures["standard"].refused + figures["critical"].refused
 
