@@ -57,7 +57,7 @@ class Fleet:
     # The pool's InferenceModels; none means clients name adapters directly, as with no registry.
     models: tuple[InferenceModel, ...] = ()
     epp_replicas: int = 1  # active-active EPPs, each with its own scrapes and scheduler state
-    # Replicas tell each other what they route (`SharedScheduler`), one batch per peer every interval.
+    # Replicas tell each other what they route (`PeerReplicator`), one batch per peer every interval.
     epp_peers: bool = True
     peer_interval_s: float = 0.1
     # Flow control as each policy runs it in `epp serve` (on for `default`); False: never queue.
