@@ -375,7 +375,10 @@ class Director:
             queues.charge(priority, fairness_id, cost)
             return
         judge = flow.judge
-        if judge is not None and not placeable and flow.gate.saturated(candidates, now):
+        saturated = judge is not None and not placeable and flow.gate.saturated(candidates, now)
+        if judge is not None and not placeable:
+            judge.observe(saturated, queues.oldest_from(0, now), now)
+        if judge is not None and saturated:
             verdict = judge.on_arrival(priority, queues.position(priority, fairness_id), now)
             if verdict is not None:
                 flow.gate.overloaded(now)
@@ -434,9 +437,14 @@ class Director:
             return
         snapshot = self._datastore.snapshot()
         judge = flow.judge
-        if judge is not None and snapshot.endpoints and flow.gate.saturated(snapshot.endpoints, now):
+        saturated = (
+            judge is not None and bool(snapshot.endpoints) and flow.gate.saturated(snapshot.endpoints, now)
+        )
+        if judge is not None:
+            judge.observe(saturated, queues.oldest_from(0, now), now)
+        if judge is not None and saturated:
             shed = queues.take_below(0)
-            late = queues.overdue(now, judge.settings.wait_target_s)
+            late = queues.overdue(now, judge.settings.wait_target_s) if judge.standing(now) else []
             if shed or late:
                 flow.gate.overloaded(now)
             for item in shed:

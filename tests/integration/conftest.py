@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from epp.picker.extproc.stream import BodyMode
+from epp.picker.scheduling.policies import DEFAULT_CONFIG
 from epp.tools.envoy.bootstrap import RoutingMode
 from epp.tools.localstack import LocalStack, SimOptions, StackOptions
 from testkit import faults
@@ -46,6 +47,18 @@ SIM = SimOptions(
     extra_args=("--max-model-len", "200000", "--kv-cache-tokens", "400000"),
 )
 EPP_STACK = StackOptions(pods=3, sim=SIM, extra_pool_yaml=models_yaml(("base", *ADAPTERS)))
+# `default` without early refusal, for tests whose subject is restarts, kills and replicas, not
+# overload: on a busy test machine the simulated pods fall behind, the pool saturates, and the
+# overload judge would rightly answer some requests 429 (its own tests: tests/unit/picker/
+# flowcontrol/test_overload.py, tests/unit/picker/test_director.py, the Sheddable 429 through
+# Envoy in test_envoy_errors.py).
+NO_EARLY_REFUSAL = (
+    "--config-text",
+    DEFAULT_CONFIG.replace(
+        "- type: lora-capacity-detector\n",
+        "- type: lora-capacity-detector\n  parameters: {queueWaitTarget: 0s}\n",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from epp.tools.loadgen import Answer
 from epp.tools.localstack import EppSlot, LocalStack, StackOptions
 from testkit import faults
 from testkit.waiting import wait_until
-from tests.integration.conftest import SIM, _started, models_yaml
+from tests.integration.conftest import NO_EARLY_REFUSAL, SIM, _started, models_yaml
 from tests.integration.traffic import open_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -39,6 +39,7 @@ ONE = StackOptions(
     sim=dataclasses.replace(SIM, adapters=ADAPTERS),
     extra_pool_yaml=models_yaml(("base", *ADAPTERS)),
     failure_mode=FailureMode.FAIL_OPEN,
+    extra_serve_args=NO_EARLY_REFUSAL,
 )
 TWO = dataclasses.replace(ONE, epp_replicas=2)
 # A skewed, seeded request sequence: the same for both stacks.

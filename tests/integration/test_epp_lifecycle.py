@@ -29,7 +29,7 @@ from epp.tools.envoy.bootstrap import BODY_MODES
 from epp.tools.loadgen import Answer
 from epp.tools.localstack import LocalStack
 from testkit import faults
-from tests.integration.conftest import ADAPTERS, EPP_STACK, completion
+from tests.integration.conftest import ADAPTERS, EPP_STACK, NO_EARLY_REFUSAL, completion
 from tests.integration.traffic import open_load, streams_through_an_epp_kill
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,10 @@ def test_an_epp_killed_mid_stream_cuts_no_response(own_stack: LocalStack) -> Non
 
 
 ROLLING = [
-    dataclasses.replace(EPP_STACK, failure_mode=mode, epp_slots=2, drain_period="2s") for mode in FailureMode
+    dataclasses.replace(
+        EPP_STACK, failure_mode=mode, epp_slots=2, drain_period="2s", extra_serve_args=NO_EARLY_REFUSAL
+    )
+    for mode in FailureMode
 ]
 
 

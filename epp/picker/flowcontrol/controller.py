@@ -236,6 +236,19 @@ class FlowController(Generic[T]):
                     gone.append(item)
         return gone
 
+    def oldest_from(self, priority: int, now: float) -> float | None:
+        """How long the oldest request at `priority` or above has waited; None when none waits.
+        O(lanes): each lane's head is its oldest."""
+        oldest: float | None = None
+        for p in self._order:
+            if p < priority:
+                break
+            for _, lane in self._bands[p].lanes():
+                head = lane.head()
+                if head is not None and (oldest is None or head.enqueued_at < oldest):
+                    oldest = head.enqueued_at
+        return None if oldest is None else now - oldest
+
     def waiting_from(self, priority: int) -> int:
         """Requests waiting at `priority` or above: those a newcomer of that priority may not pass."""
         return sum(self._bands[p].count for p in self._order if p >= priority)

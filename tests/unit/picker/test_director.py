@@ -581,11 +581,12 @@ def test_flows_named_by_the_fairness_id_take_turns() -> None:
 
 
 def overloaded(**settings: object) -> Fc:
-    """A flow-controlled director whose judge refuses past 0.5 s, over pods with no headroom."""
+    """A flow-controlled director whose judge refuses past 0.5 s as soon as the pool is saturated
+    (no standing time), over pods with no headroom."""
     return Fc(
         FlowControlSettings(
             enabled=True,
-            overload=OverloadSettings(wait_target_s=0.5),
+            overload=OverloadSettings(wait_target_s=0.5, standing_s=0.0),
             **settings,  # type: ignore[arg-type]
         ),
         objectives=[
@@ -623,23 +624,41 @@ def test_a_sheddable_request_waits_for_a_lora_slot_while_the_pool_has_headroom()
     assert fc.told == [life] and life.error is None
 
 
+def measured_rate(fc: Fc) -> None:
+    """Two seconds of dispatches at 20 a second, the pool with room; then it is saturated."""
+    fc.scrape(waiting=0)
+    for _ in range(40):
+        fc.send("base").finish(Ending.RESPONSE, fc.clock.now())
+        fc.clock.advance(0.05)
+    fc.clock.advance(0.01)  # a whole window since the first
+    fc.scrape(waiting=10)
+
+
 def test_a_newcomer_that_cannot_be_dispatched_in_time_is_refused_on_arrival() -> None:
     fc = overloaded()
-    # Nothing was dispatched lately: at today's rate the queue would not move within the target.
-    life = fc.director.mint("late")
-    with pytest.raises(EppError) as caught:
-        fc.director.arrive(life, headers={}, body=b'{"model":"base"}')
-    assert (caught.value.http_status, caught.value.reason) == (429, "predicted-wait")
-    assert "cannot be dispatched in time" in caught.value.message
+    measured_rate(fc)
+    # About 20 dispatches a second: the first ten or so can start within 0.5 s, the next cannot.
+    refused: EppError | None = None
+    sent = 0
+    while refused is None and sent < 20:
+        try:
+            assert fc.send("base").stage is Stage.QUEUED
+            sent += 1
+        except EppError as err:
+            refused = err
+    assert refused is not None and 8 <= sent <= 10 and fc.queued == sent
+    assert (refused.http_status, refused.reason) == (429, "predicted-wait")
+    assert "cannot be dispatched in time" in refused.message and refused.retry_after_s == 1
+
+
+def test_a_newly_started_epp_queues_rather_than_refuses_with_no_rate_measured() -> None:
+    fc = overloaded()
+    assert fc.send("base").stage is Stage.QUEUED
 
 
 def test_a_waiting_request_past_the_target_is_refused_while_the_pool_stays_saturated() -> None:
     fc = overloaded()
-    fc.scrape(waiting=0)
-    for _ in range(20):  # a dispatch rate of 20 per second lets a newcomer in
-        fc.send("base")
-        fc.clock.advance(0.05)
-    fc.scrape(waiting=10)
+    measured_rate(fc)
     waiting = fc.send("base")
     assert waiting.stage is Stage.QUEUED
     fc.clock.advance(0.4)

@@ -140,9 +140,11 @@ def test_the_dispatch_rate_is_counted_over_its_window() -> None:
 
 
 def judge(target_s: float = 0.5) -> OverloadJudge:
+    """A judge that has measured 10 dispatches a second for 2 s, and a queue that stands."""
     j = OverloadJudge(OverloadSettings(wait_target_s=target_s))
     for i in range(20):
-        j.dispatched(i * 0.1)  # 10 per second
+        j.dispatched(i * 0.1)
+    j.observe(True, 1.0, 2.0)
     return j
 
 
@@ -162,10 +164,29 @@ def test_a_newcomer_is_refused_when_its_estimated_wait_passes_the_target(ahead: 
         assert verdict.retry_after_s == max(1, math.ceil((ahead + 1) / 10))
 
 
-def test_with_nothing_dispatched_lately_the_wait_is_unbounded() -> None:
-    j = OverloadJudge(OverloadSettings())
-    verdict = j.on_arrival(0, 0, 5.0)
-    assert verdict is not None and math.isinf(verdict.estimated_wait_s) and verdict.retry_after_s == 1
+def test_an_epp_with_no_rate_measured_yet_lets_a_newcomer_wait_but_still_sheds() -> None:
+    j = OverloadJudge(OverloadSettings())  # just started, or took over: nothing dispatched yet
+    j.observe(True, 5.0, 5.0)
+    assert not j.standing(5.0) and j.on_arrival(0, 100, 5.0) is None
+    verdict = j.on_arrival(-1, 0, 5.0)
+    assert verdict is not None and verdict.reason is RefusalReason.SHEDDABLE
+    assert math.isinf(verdict.estimated_wait_s) and verdict.retry_after_s == 1
+
+
+def test_with_a_standing_time_a_burst_is_not_overload_until_a_request_has_waited_that_long() -> None:
+    j = OverloadJudge(OverloadSettings(standing_s=1.0))
+    for i in range(20):
+        j.dispatched(i * 0.1)
+    j.observe(True, None, 2.0)  # a look found the queue empty: it no longer stands
+    j.observe(True, 0.5, 2.5)
+    assert j.on_arrival(0, 40, 2.5) is None  # the oldest waited 0.5 s: a burst, it waits
+    j.observe(False, 1.2, 2.7)  # waited long, but the pool had room: the queue moves
+    assert not j.standing(2.7)
+    j.observe(True, 1.1, 3.6)  # saturated with a request a second old: overload
+    verdict = j.on_arrival(0, 40, 3.6)
+    assert verdict is not None and verdict.reason is RefusalReason.PREDICTED_WAIT
+    j.observe(True, 0.1, 3.7)  # it stands until a look finds the queue empty
+    assert j.standing(3.7)
 
 
 def test_refusals_are_counted_by_band_and_reason() -> None:
@@ -186,3 +207,15 @@ def test_refusals_are_counted_by_band_and_reason() -> None:
 def test_bad_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         OverloadSettings(**bad)
+
+
+def test_oldest_from_reads_the_oldest_head_at_or_above_a_priority() -> None:
+    fc = make()
+    assert fc.oldest_from(0, 10.0) is None
+    put(fc, "shed", priority=-1, at=1.0)
+    assert fc.oldest_from(0, 10.0) is None  # a band below is not counted
+    put(fc, "std", lane="a", at=4.0)
+    put(fc, "std-older", lane="b", at=3.0)
+    put(fc, "critical", priority=10, at=6.0)
+    assert fc.oldest_from(0, 10.0) == pytest.approx(7.0)
+    assert fc.oldest_from(10, 10.0) == pytest.approx(4.0)

@@ -21,7 +21,13 @@ from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.clock import FakeClock
 from epp.errors import EppError, ErrorCode
 from epp.picker.admission import build_admission
-from epp.picker.datastore.types import Criticality, EndpointState, InferenceModel, Snapshot
+from epp.picker.datastore.types import (
+    Criticality,
+    EndpointState,
+    InferenceModel,
+    InferenceObjective,
+    Snapshot,
+)
 from epp.picker.director import Director, admit_all
 from epp.picker.extproc.stream import StreamHandler, StreamOptions
 from epp.picker.flowcontrol import FlowControlSettings, build_flow_control
@@ -482,18 +488,25 @@ def test_flow_control_refusals_are_counted_by_band_and_reason_and_logged() -> No
             default_band=BandSettings(max_requests=1),
         )
     )
-    h.scrape(waiting=10)  # saturated, and nothing dispatched lately: no newcomer can be served in time
+    h.store.replace_objectives(
+        [InferenceObjective(name="batch", namespace="default", pool_name="pool", priority=-5)]
+    )
+    h.scrape(waiting=10)  # saturated: a Sheddable request is refused at once
     for _ in range(2):
         late = h.director.mint()
+        headers = {"x-gateway-inference-fairness-id": "tenant-a", "x-gateway-inference-objective": "batch"}
         with pytest.raises(EppError) as caught:
-            h.director.arrive(late, headers={"x-gateway-inference-fairness-id": "tenant-a"}, body=BODY)
-        assert caught.value.reason == "predicted-wait"
+            h.director.arrive(late, headers=headers, body=BODY)
+        assert caught.value.reason == "sheddable"
         late.refuse(caught.value)
         late.finish(Ending.REFUSED, h.clock.now())
-    assert h.sample(REFUSED, priority="0", reason="predicted-wait") == 2
-    assert h.sample(REFUSED, priority="0", reason="queue-full") is None
-    entry = h.decisions.recent()[0]
-    assert (entry.outcome, entry.reason, entry.response_status) == ("queue-refused", "predicted-wait", 429)
+    h.send()  # a Standard one waits (the EPP has measured no dispatch rate yet)
+    with pytest.raises(EppError):
+        h.send()  # the band holds one: this one finds it full
+    assert h.sample(REFUSED, priority="-5", reason="sheddable") == 2
+    assert h.sample(REFUSED, priority="0", reason="queue-full") == 1
+    entry = h.decisions.recent()[1]
+    assert (entry.outcome, entry.reason, entry.response_status) == ("queue-refused", "sheddable", 429)
 
 
 def test_fairness_id_label_values_are_capped() -> None:
