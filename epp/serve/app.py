@@ -539,7 +539,9 @@ class _ClosingRouter:
     ) -> bytes:
         sent = self._director.arrive(life, headers=headers, body=body, subset=subset)
         if self._closed is not None and life.stage is Stage.QUEUED:
-            self._director.drain_queues(self._closed)  # only this request: the queues were empty
+            self._director.pump()  # filed behind another: a pass may still start it now
+            if life.stage is Stage.QUEUED:
+                self._director.drain_queues(self._closed)  # what still waits cannot be served
         return sent
 
     def close(self, error: EppError) -> None:

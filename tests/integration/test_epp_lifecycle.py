@@ -102,7 +102,7 @@ def test_a_rolling_restart_under_load_answers_every_request(own_stack: LocalStac
 
 @pytest.mark.parametrize(
     "own_stack",
-    [dataclasses.replace(EPP_STACK, failure_mode=FailureMode.FAIL_OPEN)],
+    [dataclasses.replace(EPP_STACK, failure_mode=FailureMode.FAIL_OPEN, extra_serve_args=NO_EARLY_REFUSAL)],
     indirect=True,
     ids=["FAIL_OPEN"],
 )
