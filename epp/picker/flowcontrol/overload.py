@@ -154,15 +154,11 @@ class OverloadJudge:
 
     def view_wait(self, ahead: int, now: float) -> float:
         """`estimated_wait` for a view: the same estimate, changing nothing."""
-        rate = self._rate.peek(now)
-        return math.inf if rate <= 0 else (ahead + 1) / rate
+        return _wait(ahead, self._rate.peek(now))
 
     def estimated_wait(self, ahead: int, now: float) -> float:
         """Seconds until a request with `ahead` requests before it is dispatched, at today's rate."""
-        rate = self._rate.per_second(now)
-        if rate <= 0:
-            return math.inf
-        return (ahead + 1) / rate
+        return _wait(ahead, self._rate.per_second(now))
 
     def on_arrival(self, priority: int, ahead: int, now: float) -> Verdict | None:
         """A newcomer the saturated pool cannot start now: refuse it, or None to let it wait."""
@@ -187,3 +183,8 @@ class OverloadJudge:
         self.refusals[(priority, reason)] += 1
         retry = 1 if not math.isfinite(wait_s) else max(1, math.ceil(wait_s))
         return Verdict(reason, retry, wait_s)
+
+
+def _wait(ahead: int, rate: float) -> float:
+    """Seconds until the request after `ahead` others is dispatched at `rate` a second."""
+    return math.inf if rate <= 0 else (ahead + 1) / rate
