@@ -266,13 +266,22 @@ class Director:
         finally:
             self._pumping = False
 
-    def drain_queues(self, error: EppError) -> None:
-        """Answer every queued request with `error` (shutting down)."""
+    def release_queues(self) -> None:
+        """Dispatch every queued request now, highest band first, each to the endpoint the
+        scheduler likes best whatever the pool's load (shutting down).
+
+        An EPP that is leaving can no longer dispatch from its queues; the pods' own queues can
+        still hold the requests. Refusing them instead would fail requests a rolling restart
+        could have served. Only a request with no endpoint at all is refused.
+        """
         flow = self._flow
         if flow is None:
             return
+        snapshot = self._datastore.snapshot()
+        now = self._clock.now()
         for item in flow.queues.drain():
-            self._leave_queue(item.payload, error, QueueOutcome.EVICTED_OTHER)
+            self._place_anywhere(item.payload, snapshot, now)
+            _tell(item.payload)
 
     def _endpoints_changed(self) -> None:
         flow = self._flow
@@ -461,7 +470,6 @@ class Director:
 
         result = queues.dispatch(now, place)
         for item in result.placed:
-            self._observer.left_queue(item.payload, QueueOutcome.DISPATCHED)
             _tell(item.payload)
         for item in result.refused:
             _tell(item.payload)
@@ -478,23 +486,43 @@ class Director:
     def _place(self, flow: FlowControl, life: RequestLife, snapshot: Snapshot, now: float) -> Placement:
         request = life.request
         assert request is not None
+        candidates = self._candidates_or_refuse(life, snapshot)
+        if candidates is None:
+            return Placement.REFUSED
+        placeable = flow.gate.placeable(request, candidates, now)
+        if not placeable:
+            return Placement.BLOCKED
+        return self._dispatch_from_queue(life, placeable, snapshot, now)
+
+    def _place_anywhere(self, life: RequestLife, snapshot: Snapshot, now: float) -> Placement:
+        """Dispatch a queued request over every candidate, whatever their load (shutting down)."""
+        candidates = self._candidates_or_refuse(life, snapshot)
+        if candidates is None:
+            return Placement.REFUSED
+        return self._dispatch_from_queue(life, candidates, snapshot, now)
+
+    def _candidates_or_refuse(
+        self, life: RequestLife, snapshot: Snapshot
+    ) -> tuple[EndpointState, ...] | None:
         try:
-            candidates = select_candidates(snapshot, life.subset)
+            return select_candidates(snapshot, life.subset)
         except EppError as err:
             life.refuse(err)
             outcome = QueueOutcome.EVICTED_NO_ENDPOINTS
             self._observer.refused(life, (), err, outcome="queue-" + outcome, duration_s=0.0)
             self._observer.left_queue(life, outcome)
-            return Placement.REFUSED
-        placeable = flow.gate.placeable(request, candidates, now)
-        if not placeable:
-            return Placement.BLOCKED
+            return None
+
+    def _dispatch_from_queue(
+        self, life: RequestLife, candidates: Sequence[EndpointState], snapshot: Snapshot, now: float
+    ) -> Placement:
         try:
-            self._dispatch(life, placeable, snapshot, now)
+            self._dispatch(life, candidates, snapshot, now)
         except EppError as err:
             life.refuse(err)
             self._observer.left_queue(life, QueueOutcome.EVICTED_OTHER)
             return Placement.REFUSED
+        self._observer.left_queue(life, QueueOutcome.DISPATCHED)
         return Placement.PLACED
 
     def _leave_queue(self, life: RequestLife, error: EppError, outcome: str) -> None:

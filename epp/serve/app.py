@@ -4,11 +4,11 @@ One `asyncio.TaskGroup` holds the pool source, the metrics refresher, leader ele
 readiness watcher; the ext_proc, health and metrics servers are started before it and stopped
 after it. SIGTERM/SIGINT drains: health turns NOT_SERVING at once, the EPP keeps routing (and
 dispatching from its queues) for `--drain-period` while the gateway's health checks notice and stop
-sending it new streams, then answers every request still queued, and each that would queue from
-then on, with a JSON 503; ext_proc `stop(grace)` stops taking streams and lets open ones finish,
-everything else is cancelled, exit 0. The picker itself is `epp.picker.assembly`'s, built from the
-settings by `picker_spec`. Start-up errors print one line on stderr: 2 for bad configuration, 1
-when a port cannot be bound.
+sending it new streams, then sends every request still queued, and each that would queue from
+then on, to its best pod whatever the load (the pod queues it); ext_proc `stop(grace)` stops
+taking streams and lets open ones finish, everything else is cancelled, exit 0. The picker
+itself is `epp.picker.assembly`'s, built from the settings by `picker_spec`. Start-up errors print
+one line on stderr: 2 for bad configuration, 1 when a port cannot be bound.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from epp.clock import Clock, SystemClock
-from epp.errors import ConfigError, EppError, ErrorCode
+from epp.errors import ConfigError
 from epp.picker.adapters.catalog import FileCatalog
 from epp.picker.adapters.hold import hold_for_adapter
 from epp.picker.adapters.loader import AdapterLoader
@@ -505,26 +505,22 @@ class _Lifecycle:
 
 
 COMPLETION_SWEEP_S = 1.0
-SHUTDOWN_ERROR = EppError(
-    ErrorCode.SERVICE_UNAVAILABLE,
-    "request evicted from queue: the endpoint picker is shutting down",
-    reason="shutdown",
-)
 
 
 class _ClosingRouter:
-    """The director as ext_proc streams reach it, refusing to queue once the EPP is leaving.
+    """The director as ext_proc streams reach it, queueing nothing once the EPP is leaving.
 
-    At the end of the drain period what is still queued is answered with a 503. Streams open after
-    that (a body that comes late, a stream accepted before the listener stopped taking new ones)
-    would otherwise file their request in a queue that nothing dispatches from any more, to be cut
-    when the listener's grace period runs out: a client answered by a reset, not a refusal. After
-    `close` such a request is answered at once; one that can start now still goes to its pod.
+    At the end of the drain period nothing will dispatch from the queues any more, so what is
+    still queued goes to its best endpoint at once, whatever the pool's load: the pods' own
+    queues hold it, and the client gets its response instead of a refusal a rolling restart
+    need not cause. A stream open after that (a body that comes late, a stream accepted before
+    the listener stopped taking new ones) is placed the same way rather than filed in a queue
+    that would be cut when the listener's grace period runs out.
     """
 
     def __init__(self, director: Director) -> None:
         self._director = director
-        self._closed: EppError | None = None
+        self._closed = False
 
     def mint(self, request_id: str = "") -> RequestLife:
         return self._director.mint(request_id)
@@ -538,16 +534,14 @@ class _ClosingRouter:
         subset: Sequence[str] | None = None,
     ) -> bytes:
         sent = self._director.arrive(life, headers=headers, body=body, subset=subset)
-        if self._closed is not None and life.stage is Stage.QUEUED:
-            self._director.pump()  # filed behind another: a pass may still start it now
-            if life.stage is Stage.QUEUED:
-                self._director.drain_queues(self._closed)  # what still waits cannot be served
+        if self._closed and life.stage is Stage.QUEUED:
+            self._director.release_queues()  # only this request: the queues were empty
         return sent
 
-    def close(self, error: EppError) -> None:
-        """Answer every queued request with `error`, and each that would queue from now on."""
-        self._closed = error
-        self._director.drain_queues(error)
+    def close(self) -> None:
+        """Dispatch every queued request now, and each that would queue from now on."""
+        self._closed = True
+        self._director.release_queues()
 
 
 async def _run_tasks(
@@ -574,10 +568,9 @@ async def _run_tasks(
             await asyncio.wait([campaign])
         log.info("draining", extra={"drain_period_s": lifecycle.drain_period_s})
         await asyncio.sleep(lifecycle.drain_period_s)
-        # Queued requests went on dispatching through the drain period; what is left gets a clear
-        # 503 now (its client retries elsewhere) rather than waiting on an EPP that is leaving, and
-        # so does any request that would queue from now until the listener closes.
-        lifecycle.router.close(SHUTDOWN_ERROR)
+        # Queued requests went on dispatching as capacity freed through the drain period; what is
+        # left goes to its pods now, as does any request that would queue until the listener closes.
+        lifecycle.router.close()
         raise _Stop
 
     async def sweep_completions() -> None:

@@ -194,7 +194,9 @@ def test_a_cold_on_demand_adapter_is_unloaded_and_a_static_one_stays(one_slot_st
         # Let a scrape show the adapter idle again, so the next one evicts it rather than
         # waiting for a slot (the residency model keeps an adapter that looks active).
         time.sleep(0.3)
-    assert {"cold-a", "warm-b", "static-one"} <= registered_on(stack, pod)
+    # Both on-demand adapters were loaded (static-one the pod had already). Whether cold-a is
+    # still registered by now depends on how long the requests took: its idle second may be over.
+    assert epp_counter(stack, "inference_extension_adapter_loads") == 2
     wait_until(lambda: "cold-a" not in registered_on(stack, pod), "the cold adapter unloaded")
     # Not a wait for something to happen: 1.5 s of unloader ticks in which nothing else may go.
     time.sleep(1.5)

@@ -1,17 +1,18 @@
-"""SIGTERM leaves no queued request unanswered: each gets its pod or a clear 503, never a cut stream.
+"""SIGTERM leaves no queued request unanswered and refuses none it could serve: each gets its pod.
 
 On SIGTERM `epp serve` turns NOT_SERVING, keeps routing (and dispatching from its queues as
-capacity frees) for the drain period, then answers what is still queued with a 503 and an
-OpenAI-style JSON error, and lets open streams finish before the ext_proc listener closes.
+capacity frees) for the drain period, then sends what is still queued to its best pod whatever
+the pod's load (the pod queues it), and lets open streams finish before the ext_proc listener
+closes.
 
 - Through real Envoy, pods with one LoRA slot each and more adapters than slots: of a burst
-  queued behind the slots when SIGTERM comes, every client gets its whole response or the EPP's
-  JSON refusal, none the gateway's "endpoint picker unavailable" (a stream the EPP dropped).
+  queued behind the slots when SIGTERM comes, every client gets its whole response; none gets
+  a refusal or the gateway's "endpoint picker unavailable" (a stream the EPP dropped).
 - Straight on the ext_proc port, with a pod whose load the test sets: a request queued when
-  SIGTERM comes still goes to its pod if capacity frees during the drain period; a stream open
-  when the queues are answered whose request arrives only afterwards (a slow client's body) is
-  refused at once, not left in a queue nothing dispatches from any more until the listener's
-  grace runs out and cuts it.
+  SIGTERM comes goes to its pod as soon as capacity frees during the drain period; one still
+  queued at its end goes to the pod then, busy as it is; and a stream open then whose request
+  arrives only afterwards (a slow client's body) goes to the pod at once, not into a queue
+  nothing dispatches from any more until the listener's grace runs out and cuts it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from epp._proto.envoy.extensions.filters.http.ext_proc.v3 import processing_mode
 from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._proto.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.picker.extproc.stream import BodyMode
+from epp.picker.wire import DESTINATION_ENDPOINT_HEADER
 from epp.serve.app import BoundPorts, serve
 from epp.serve.settings import (
     DrainSettings,
@@ -50,19 +52,6 @@ from testkit.waiting import wait_until
 from tests.integration.conftest import _started, models_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-SHUTTING_DOWN = (
-    "inference gateway: ServiceUnavailable - request evicted from queue: the endpoint picker is shutting down"
-)
-
-
-def assert_shutdown_refusal(status: int, body: bytes) -> None:
-    """The EPP's own answer to a request it could not place before it left."""
-    assert status == 503, body
-    assert json.loads(body) == {
-        "error": {"message": SHUTTING_DOWN, "type": "ServiceUnavailable", "code": 503}
-    }, body
-
 
 # -- through Envoy ---------------------------------------------------------------------------------
 
@@ -122,7 +111,7 @@ def complete(stack: LocalStack, model: str, max_tokens: int, *, stream: bool = F
     return send_one(stack.gateway_url, Request.completion(model, max_tokens, stream=stream), timeout_s=60.0)
 
 
-def test_sigterm_answers_every_queued_client_with_its_response_or_a_json_503(stack: LocalStack) -> None:
+def test_sigterm_sends_every_queued_client_to_its_pod(stack: LocalStack) -> None:
     waiting = BURST - SLOTS * BURST // len(ADAPTERS)  # all but the two adapters with a slot
     with concurrent.futures.ThreadPoolExecutor(max_workers=BURST) as pool:
         futures = [
@@ -139,12 +128,7 @@ def test_sigterm_answers_every_queued_client_with_its_response_or_a_json_503(sta
         slot.process.process.send_signal(signal.SIGTERM)
         answers = [future.result(timeout=60) for future in futures]
     assert slot.process.process.wait(timeout=30) == 0
-    served = [a for a in answers if a.status == 200]
-    refused = [a for a in answers if a.status != 200]
-    assert served and all(a.whole for a in served), "a request on its pod finishes whole"
-    assert refused, "one more batch at most fits in the drain period; the rest were refused"
-    for answer in refused:
-        assert_shutdown_refusal(answer.status, answer.body)
+    assert [(a.status, a.whole, a.body) for a in answers] == [(200, True, b"")] * BURST
 
 
 # -- on the ext_proc port --------------------------------------------------------------------------
@@ -315,9 +299,13 @@ async def until_queued(metrics_port: int, count: int) -> None:
             await asyncio.sleep(0.02)
 
 
-def assert_refused(reply: pb.ProcessingResponse) -> None:
-    assert reply.WhichOneof("response") == "immediate_response", reply
-    assert_shutdown_refusal(reply.immediate_response.status.code, reply.immediate_response.body)
+def destination(reply: pb.ProcessingResponse) -> str:
+    """The endpoint a routing reply names (an immediate response names none)."""
+    assert reply.WhichOneof("response") == "request_headers", reply
+    for option in reply.request_headers.response.header_mutation.set_headers:
+        if option.header.key == DESTINATION_ENDPOINT_HEADER:
+            return option.header.raw_value.decode()
+    raise AssertionError(f"no {DESTINATION_ENDPOINT_HEADER} in {reply}")
 
 
 async def test_a_queued_request_goes_to_its_pod_when_capacity_frees_during_the_drain(
@@ -339,7 +327,7 @@ async def test_a_queued_request_goes_to_its_pod_when_capacity_frees_during_the_d
             stream.close()
 
 
-async def test_a_request_that_arrives_after_the_queues_were_answered_is_refused_at_once(
+async def test_what_still_waits_when_the_drain_ends_goes_to_its_pod_busy_as_it_is(
     tmp_path: pathlib.Path, pod: FakePod
 ) -> None:
     epp = Epp(tmp_path, pod, drain_period_s=0.2)
@@ -348,12 +336,12 @@ async def test_a_request_that_arrives_after_the_queues_were_answered_is_refused_
         try:
             early.send(headers_message("early"))
             early.send(body_message())
-            late.send(headers_message("late"))  # its body comes once the queues were answered
+            late.send(headers_message("late"))  # its body comes once the drain period is over
             await until_queued(ports.metrics, 1)
-            epp.stop.set()  # what SIGTERM does
-            assert_refused(await early.reply())
+            epp.stop.set()  # what SIGTERM does; the pod stays saturated throughout
+            assert destination(await early.reply()) == f"{POD_IP}:{pod.port}"
             late.send(body_message())
-            assert_refused(await late.reply())
+            assert destination(await late.reply()) == f"{POD_IP}:{pod.port}"
         finally:
             early.close()
             late.close()

@@ -9,9 +9,9 @@ only; how each ended comes back in Envoy's gRPC access log):
 - a rolling restart (a new EPP first, then SIGTERM to the old one, which drains) under 30
   requests/s of streamed and non-streamed traffic: every request answered 200 and whole, in
   both failure modes;
-- SIGKILL under the same load in FailOpen: the only failures are requests that started before
-  Envoy saw the EPP down (at most a few: the first refused connection ejects it), and every
-  request after that is served.
+- SIGKILL under the same load in FailOpen: the only failures are the requests the EPP held at
+  the kill and the few sent before Envoy saw it down (the first refused connection ejects it),
+  and every request after that is served.
 """
 
 from __future__ import annotations
@@ -117,9 +117,13 @@ def test_a_killed_epp_fails_only_requests_sent_before_envoy_saw_it_down(own_stac
         results = load.stop()
     failed = [r for r in results if r.status != 200 or not r.whole]
     assert all(r.started_at < detected_at for r in failed), _summary(failed)
-    # Those routing at that instant, and the first to find its connection refused (which takes
-    # the EPP out of Envoy's cluster at once); at 30 req/s that is one or two requests.
-    assert len(failed) <= 3, _summary(failed)
+    # Those the EPP held at that instant (routing, or queued while the pods were busy: how many
+    # depends on how loaded the machine is), each answered only after the kill ...
+    held = [r for r in failed if r.started_at < killed_at]
+    assert all(r.started_at + r.e2e_s >= killed_at for r in held), _summary(held)
+    # ... and the first to find its connection refused, which takes the EPP out of Envoy's
+    # cluster at once: at 30 req/s one or two requests, not every one until the health check.
+    assert len(failed) - len(held) <= 3, _summary(failed)
     after = [r for r in results if r.started_at >= detected_at]
     assert len(after) >= 30 and all(r.status == 200 and r.whole for r in after)
     print(

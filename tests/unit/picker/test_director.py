@@ -505,17 +505,27 @@ def test_a_queued_request_whose_client_left_leaves_its_queue() -> None:
     assert gone.decision is None and len(fc.scheduler.state.ledger) == 1
 
 
-def test_drain_queues_answers_every_waiting_request_with_the_error() -> None:
+def test_releasing_the_queues_dispatches_every_waiting_request_whatever_the_load() -> None:
+    objectives = [InferenceObjective(name="high", namespace="default", pool_name="pool", priority=10)]
+    fc = Fc(waiting=10, objectives=objectives)  # every pod saturated: nothing may start
+    low = fc.send("base")
+    high = fc.send("a1", {"x-gateway-inference-objective": "high"})
+    assert (low.stage, high.stage) == (Stage.QUEUED, Stage.QUEUED)
+    fc.director.release_queues()
+    assert fc.told == [high, low]  # the higher band first
+    assert all(life.stage is Stage.DISPATCHED and life.error is None for life in (low, high))
+    assert {decision_of(life).primary.name for life in (low, high)} <= {"pod-0-rank-0", "pod-1-rank-0"}
+    assert fc.queued == 0 and len(fc.scheduler.state.ledger) == 2
+
+
+def test_releasing_the_queues_refuses_only_a_request_no_endpoint_can_serve() -> None:
     fc = Fc(waiting=10)
-    lives = [fc.send("base"), fc.send("a1", {"x-gateway-inference-fairness-id": "t2"})]
-    error = EppError(ErrorCode.SERVICE_UNAVAILABLE, "shutting down", reason="shutdown")
-    fc.director.drain_queues(error)
+    lives = [fc.send("base"), fc.send("a1")]
+    fc.store.replace_pods([])  # the pool emptied while they waited
+    fc.director.release_queues()
     assert fc.told == lives
-    assert all(life.error is error and life.outcome.status == 503 for life in lives)
-    assert fc.queued == 0
-    fc.scrape(waiting=0)
-    fc.director.pump()
-    assert fc.scheduler.scheduled == []
+    assert all(life.error is not None and life.outcome.status == 503 for life in lives)
+    assert fc.queued == 0 and fc.scheduler.scheduled == []
 
 
 def test_bands_are_served_strictly_by_priority() -> None:

@@ -1037,22 +1037,15 @@ async def test_a_queued_request_whose_ttl_runs_out_is_answered_503() -> None:
     assert h.scheduler.scheduled == [] and h.scheduler.in_flight() == {}
 
 
-async def test_queued_requests_are_answered_when_the_queues_drain() -> None:
+async def test_a_queued_request_is_routed_when_the_queues_are_released() -> None:
     h = Harness(pod_ips=ONE_POD, flow=FLOW)
     fill(h)
     assert arrive(h.handler) is PENDING
     resumed = await waiting(h.handler)
-    h.director.drain_queues(EppError(ErrorCode.SERVICE_UNAVAILABLE, "shutting down", reason="shutdown"))
-    code, _, body = immediate(await asyncio.wait_for(resumed, 1))
-    assert code == 503
-    assert body["error"] == {
-        "message": "inference gateway: ServiceUnavailable - shutting down",
-        "type": "ServiceUnavailable",
-        "code": 503,
-    }
-    h.handler.close()
-    assert h.finished().ending is Ending.REFUSED
+    h.director.release_queues()  # shutting down: the pod takes it, busy as it is
+    assert_routed_fdx(await asyncio.wait_for(resumed, 1), "10.0.0.1:8000")
     assert h.queued() == 0
+    assert ("left_queue", h.life.key, "Dispatched") in h.observer.events
 
 
 def test_a_request_the_full_queue_cannot_take_is_answered_429() -> None:
