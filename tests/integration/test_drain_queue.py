@@ -304,7 +304,7 @@ def destination(reply: pb.ProcessingResponse) -> str:
     assert reply.WhichOneof("response") == "request_headers", reply
     for option in reply.request_headers.response.header_mutation.set_headers:
         if option.header.key == DESTINATION_ENDPOINT_HEADER:
-            return option.header.raw_value.decode()
+            return str(option.header.raw_value.decode())
     raise AssertionError(f"no {DESTINATION_ENDPOINT_HEADER} in {reply}")
 
 
