@@ -493,7 +493,7 @@ def test_plain_envoy_config_passes_envoy_validation() -> None:
 
 SHELL_SCRIPTS = sorted(
     {
-        *ROOT.glob("kind/*.sh"),
+        *ROOT.glob("kind/**/*.sh"),
         *ROOT.glob("manifests/**/*.sh"),
         *ROOT.glob("e2e/**/*.sh"),
         *ROOT.glob(".ci/*.sh"),

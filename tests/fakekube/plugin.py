@@ -1,8 +1,12 @@
-"""Pytest plugin: the `kube` fixture, a fake API server by default or a real cluster with `--kube-real`.
+"""Pytest plugin: the `kube` fixture, a real Kubernetes API server for the tests that need one.
 
-`--kube-real` uses the current kubeconfig and a scratch namespace (created, then deleted);
-the CRDs from `manifests/crds/` must be installed. Tests that need fault injection the
-real API server cannot do on demand (compacting history, dropping watches) skip there.
+By default `kube` is the local control plane (`kind/local-cluster.sh`: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok, built from their Go modules by
+`kind/controlplane/install.sh`), started once per test process with our CRDs installed, and a
+scratch namespace for each test; without the binaries those tests skip, naming the install
+command. `--kube-real` uses the current kubeconfig's cluster instead. A test marked
+`fake_kube` gets the fake API server (`tests/fakekube/server.py`): only for faults the real one
+cannot be made to show on demand, each mark naming which.
 """
 
 from __future__ import annotations
@@ -15,7 +19,17 @@ from typing import Any, Protocol
 
 import pytest
 
+from testkit.localcluster import INSTALL, LocalCluster, kubectl_path, missing_binaries
 from tests.fakekube.server import FakeKube
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRDS = (
+    ROOT / "manifests" / "crds",
+    ROOT / "manifests" / "controller" / "inference.llm-d.ai_llminferenceservices.yaml",
+)
+
+
+FIELD_MANAGER = "epp-tests"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,6 +38,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="run the Kubernetes source tests against the current kubeconfig's cluster",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fake_kube(reason): this test needs the fake API server's fault injection (say which)"
     )
 
 
@@ -84,24 +104,26 @@ class RealEnv:
         return self._client.resources.get(api_version=api_version, kind=kind)
 
     def put(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-
+        """Create or update `obj` by server-side apply (the API server keeps the fields it
+        defaulted, which a replace would try to take away, e.g. from a Pod's spec), then write
+        its status, if it has one, through the status subresource."""
         api = self._api(obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
         namespace = meta.get("namespace", self.namespace)
-        body = dict(obj)
-        try:
-            current = api.get(name=meta["name"], namespace=namespace)
-            body["metadata"] = {**meta, "resourceVersion": current.metadata.resourceVersion}
-            result = api.replace(body=body, namespace=namespace)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            result = api.create(body=body, namespace=namespace)
+        body = {key: value for key, value in obj.items() if key != "status"}
+        # What an object read back carries that an apply may not (the server's field ownership).
+        body["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"} | {"namespace": namespace}
+        result = api.server_side_apply(
+            body=body,
+            name=meta["name"],
+            namespace=namespace,
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+        )
         if "status" in obj:
-            body = result.to_dict()
-            body["status"] = obj["status"]
-            result = api.status.replace(body=body, namespace=namespace)
+            current = result.to_dict()
+            current["status"] = obj["status"]
+            result = api.status.replace(body=current, namespace=namespace)
         return dict(result.to_dict())
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
@@ -134,42 +156,71 @@ class RealEnv:
         return None
 
 
+@pytest.fixture(scope="session")
+def local_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The local control plane, with the CRDs of `manifests/` established."""
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"control plane not built ({', '.join(missing)}): run {INSTALL}")
+    kubectl = kubectl_path()
+    if kubectl is None:
+        pytest.skip("kubectl not found: run bash .ci/k8s_tools.sh")
+    cluster = LocalCluster.start(tmp_path_factory.mktemp("control-plane"), kubectl)
+    try:
+        for crds in CRDS:
+            cluster.kubectl("apply", "--server-side", "-f", str(crds))
+        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def kube(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[KubeEnv]:
+    if request.node.get_closest_marker("fake_kube") is not None:
+        server = FakeKube()
+        server.start()
+        try:
+            namespace = "epp-test"
+            yield FakeEnv(server, server.write_kubeconfig(tmp_path / "kubeconfig", namespace), namespace)
+        finally:
+            server.stop()
+        return
     if request.config.getoption("--kube-real"):
         yield from _real_env()
         return
-    server = FakeKube()
-    server.start()
-    try:
-        namespace = "epp-test"
-        yield FakeEnv(server, server.write_kubeconfig(tmp_path / "kubeconfig", namespace), namespace)
-    finally:
-        server.stop()
+    cluster: LocalCluster = request.getfixturevalue("local_control_plane")
+    yield from _real_env(str(cluster.kubeconfig))
 
 
-def _real_env() -> Iterator[KubeEnv]:
+def _real_env(kubeconfig: str | None = None) -> Iterator[KubeEnv]:
+    """A scratch namespace on the cluster of `kubeconfig` (default: the current one), deleted after."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
     from urllib3.exceptions import HTTPError
 
+    if kubeconfig is None:
+        kubeconfig = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
     try:
-        api = client.CoreV1Api(config.new_client_from_config())  # type: ignore[no-untyped-call]  # untyped
+        api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
         namespace = f"epp-test-{uuid.uuid4().hex[:6]}"
+        # No node matches this namespace's Pods (the PodNodeSelector admission plugin): they stay
+        # Pending, as on a cluster without capacity, so what a test makes never starts running.
+        annotations = {"scheduler.alpha.kubernetes.io/node-selector": "lora-epp.test/no-node=true"}
         api.create_namespace(
-            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)), _request_timeout=5
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, annotations=annotations)),
+            _request_timeout=5,
         )
     except (ConfigException, OSError, HTTPError, client.exceptions.ApiException) as error:
-        pytest.skip(f"--kube-real: no reachable cluster in the current kubeconfig ({error})")
+        pytest.skip(f"no reachable cluster in {kubeconfig} ({error})")
     try:
-        kubeconfig = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
         yield RealEnv(kubeconfig, namespace)
     finally:
         api.delete_namespace(namespace, _request_timeout=5)
 
 
 def needs_fake(env: KubeEnv) -> FakeKube:
-    """The fake server, or skip: a real API server cannot inject this fault on demand."""
+    """The fake server of a test marked `fake_kube`."""
     if env.fake is None:
-        pytest.skip("fault injection needs the fake API server")
+        pytest.skip("fault injection needs the fake API server (mark the test fake_kube)")
     return env.fake

@@ -14,7 +14,11 @@ from epp.kube.api import KubeApi, ResourceRef, load_api_client
 from tests.fakekube.plugin import KubeEnv, needs_fake
 from tests.fakekube.server import FakeKube
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(60),
+    pytest.mark.fake_kube(reason="checks the fake's own garbage collector"),
+]
 
 CONFIG_MAP = ResourceRef("v1", "ConfigMap")
 

@@ -53,6 +53,10 @@ def reconcile(env: KubeEnv, name: str = "legal-assistants", survey: AdapterSurve
     return asyncio.run(reconciler.reconcile(current))
 
 
+# What Kubernetes' own controllers put in every namespace.
+NAMESPACE_BUILT_INS = frozenset({"ConfigMap/kube-root-ca.crt", "ServiceAccount/default"})
+
+
 def owned(env: KubeEnv) -> dict[str, dict[str, Any]]:
     kinds = [
         ("apps/v1", "Deployment"),
@@ -64,11 +68,12 @@ def owned(env: KubeEnv) -> dict[str, dict[str, Any]]:
         (POOL_API, "InferencePool"),
         (MODEL_API, "InferenceModel"),
     ]
-    return {
+    found = {
         f"{kind}/{obj['metadata']['name']}": obj
         for api_version, kind in kinds
         for obj in env.list(api_version, kind, env.namespace)
     }
+    return {key: obj for key, obj in found.items() if key not in NAMESPACE_BUILT_INS}
 
 
 def vllm_args(env: KubeEnv) -> list[str]:
@@ -255,6 +260,7 @@ def test_a_bad_spec_is_reported_and_changes_nothing(kube: KubeEnv) -> None:
     assert len([e for e in kube.list("v1", "Event", kube.namespace) if e["reason"] == "InvalidSpec"]) == 1
 
 
+@pytest.mark.fake_kube(reason="sets Deployment status as no controller would here")
 def test_ready_once_model_servers_and_epp_are_ready(kube: KubeEnv) -> None:
     fake = needs_fake(kube)
     kube.put(brief_object(kube))
@@ -271,6 +277,7 @@ def test_ready_once_model_servers_and_epp_are_ready(kube: KubeEnv) -> None:
     assert status["conditions"][0]["status"] == "True"
 
 
+@pytest.mark.fake_kube(reason="records every call the client made")
 def test_every_call_is_granted_by_the_controller_role(kube: KubeEnv) -> None:
     fake = needs_fake(kube)
     kube.put(brief_object(kube))
@@ -367,6 +374,7 @@ def _replicas(kube: KubeEnv) -> int | None:
     return None if deployment is None else int(deployment["spec"]["replicas"])
 
 
+@pytest.mark.fake_kube(reason="counts the watches open")
 def test_sigterm_mid_watch_ends_the_controller_at_once_with_exit_0(kube: KubeEnv) -> None:
     fake = needs_fake(kube)
     kube.put(brief_object(kube))
@@ -555,6 +563,7 @@ def _adapter_status(kube: KubeEnv) -> dict[str, Any]:
     return status
 
 
+@pytest.mark.fake_kube(reason="keeps pods on a node that does not exist")
 def test_status_counts_the_catalogue_adapters_the_ready_pods_loaded(
     kube: KubeEnv, model_server_pods: list[tuple[str, int]]
 ) -> None:
@@ -584,6 +593,7 @@ def test_status_counts_the_catalogue_adapters_the_ready_pods_loaded(
     assert _adapter_status(kube)["summary"] == "1/2"
 
 
+@pytest.mark.fake_kube(reason="records every call the client made")
 def test_the_running_controller_refreshes_loaded_adapters_each_resync(
     kube: KubeEnv, model_server_pods: list[tuple[str, int]]
 ) -> None:

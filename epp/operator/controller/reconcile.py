@@ -58,12 +58,14 @@ def _utc_now() -> datetime.datetime:
 def contains(current: Any, desired: Any) -> bool:
     """True when every field of `desired` is present and equal in `current`.
 
-    Mappings compare key by key (extra keys in `current` are server defaults and ignored);
+    Mappings compare key by key (extra keys in `current` are server defaults and ignored; a key
+    absent from `current` matches an empty list or mapping, which the API server does not store);
     lists must have the same length and contain each other element-wise.
     """
     if isinstance(desired, Mapping):
         return isinstance(current, Mapping) and all(
-            key in current and contains(current[key], value) for key, value in desired.items()
+            contains(current[key], value) if key in current else _empty(value)
+            for key, value in desired.items()
         )
     if isinstance(desired, list):
         return (
@@ -72,6 +74,10 @@ def contains(current: Any, desired: Any) -> bool:
             and all(contains(c, d) for c, d in zip(current, desired, strict=True))
         )
     return bool(current == desired)
+
+
+def _empty(value: Any) -> bool:
+    return isinstance(value, (list, Mapping)) and not value
 
 
 def _patch_for(desired: Mapping[str, Any]) -> Obj:

@@ -21,6 +21,8 @@ from epp.operator.controller.reconcile import contains
         ({"x": {"y": {"z": 1, "w": 2}}}, {"x": {"y": {"z": 1}}}, True),
         ({"x": "1"}, {"x": 1}, False),
         ({"x": [1]}, {"x": {}}, False),
+        ({"spec": {}}, {"spec": {"volumes": [], "labels": {}}}, True),
+        ({"spec": {}}, {"spec": {"volumes": [{"name": "v"}]}}, False),
     ],
     ids=[
         "extra-keys",
@@ -32,6 +34,8 @@ from epp.operator.controller.reconcile import contains
         "nested",
         "type-differs",
         "shape-differs",
+        "empty-omitted-by-the-server",
+        "non-empty-missing",
     ],
 )
 def test_contains(current: Any, desired: Any, expected: bool) -> None:

@@ -174,6 +174,7 @@ def test_several_epp_replicas_each_route_their_share_and_lose_nothing() -> None:
     assert result.scrapes > 2 * one.scrapes
 
 
+@pytest.mark.timeout(300)  # five 60 s simulated runs: ≈ 45 s of CPU alone, more on a busy machine
 def test_replicas_that_exchange_their_routing_wait_for_slots_as_rarely_as_one_epp() -> None:
     """Without the exchange each replica fills pods it believes have free slots; with it (the
     `epp serve --peers` logic, batches every 100 ms) four replicas route like one.

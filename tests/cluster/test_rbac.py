@@ -1,0 +1,192 @@
+"""`epp serve` as the chart deploys it, with exactly the chart's RBAC, on a real API server.
+
+The chart is rendered into a namespace of its own and applied for real (ServiceAccount, Role,
+RoleBinding, ConfigMap, InferencePool, InferenceModels). `epp serve` then runs as a process
+with the Deployment's own arguments and a ServiceAccount token the API server issued, so the
+API server's RBAC decides every call it makes:
+
+- with the chart's Role it becomes ready (pool, models, objectives and pods listed and watched,
+  the Lease taken), writes InferenceModel status, and records a Warning Event for a rejected
+  InferenceModel; the API server denies it nothing;
+- with one verb taken out of the Role (`watch` on pods) it never becomes ready, and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.tools.localstack import epp_ready, free_ports
+from testkit.localcluster import LocalCluster, dump
+from testkit.waiting import wait_until
+from tests.deployment.tools import find
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "inferencepool"
+KIND_VALUES = ROOT / "kind" / "values.yaml"
+RELEASE = "rbac"
+SERVED_GROUPS = frozenset(
+    {
+        "",
+        "apps",
+        "rbac.authorization.k8s.io",
+        "policy",
+        "inference.networking.k8s.io",
+        "inference.networking.x-k8s.io",
+    }
+)
+
+
+def render(namespace: str) -> list[dict[str, Any]]:
+    helm = find("helm")
+    if helm is None:
+        pytest.skip("helm not found: run bash .ci/k8s_tools.sh")
+    values: dict[str, Any] = yaml.safe_load(KIND_VALUES.read_text())
+    values |= {"provider": {"name": "none"}, "gateway": {"create": False}, "httpRoute": {"enabled": False}}
+    result = subprocess.run(
+        [helm, "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"],
+        input=json.dumps(values),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == kind and not o["metadata"]["name"].endswith("-dashboard")]
+    return found
+
+
+@dataclass
+class Chart:
+    namespace: str
+    objects: list[dict[str, Any]]
+
+    @property
+    def service_account(self) -> str:
+        name: str = one(self.objects, "ServiceAccount")["metadata"]["name"]
+        return name
+
+    @property
+    def role(self) -> dict[str, Any]:
+        return one(self.objects, "Role")
+
+    def serve_args(self, ports: list[int]) -> list[str]:
+        """The Deployment's arguments for `epp serve`, on free loopback ports, the config file
+        inlined from the ConfigMap."""
+        container = one(self.objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        args: list[str] = []
+        for arg in container["args"]:
+            arg = arg.replace("$(POD_NAMESPACE)", self.namespace)
+            if arg.startswith("--config-file=/config/"):
+                config = one(self.objects, "ConfigMap")["data"]
+                arg = "--config-text=" + config[arg.removeprefix("--config-file=/config/")]
+            if arg.startswith(("--grpc-port", "--grpc-health-port", "--metrics-port")):
+                continue
+            args.append(arg)
+        grpc, health, metrics = ports
+        return [*args, f"--grpc-port={grpc}", f"--grpc-health-port={health}", f"--metrics-port={metrics}"]
+
+
+@pytest.fixture(scope="module")
+def chart(cluster: LocalCluster) -> Iterator[Chart]:
+    namespace = "rbac"
+    cluster.kubectl("create", "namespace", namespace)
+    objects = render(namespace)
+    applied = [
+        o
+        for o in objects
+        if o["apiVersion"].rpartition("/")[0] in SERVED_GROUPS and o["kind"] not in ("Deployment", "Service")
+    ]
+    cluster.apply(dump(applied), "-n", namespace)
+    yield Chart(namespace, objects)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+@dataclass
+class Epp:
+    process: subprocess.Popen[str]
+    health_port: int
+    log_path: pathlib.Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def epp_as_service_account(cluster: LocalCluster, chart: Chart, tmp_path: pathlib.Path) -> Iterator[Any]:
+    """Starts `epp serve` as the chart's ServiceAccount; stops every one it started."""
+    started: list[Epp] = []
+
+    def start() -> Epp:
+        kubeconfig = cluster.token_kubeconfig(
+            chart.namespace, chart.service_account, tmp_path / "sa.kubeconfig"
+        )
+        ports = free_ports(3)
+        log_path = tmp_path / f"epp-{len(started)}.log"
+        env = {**os.environ, "POD_NAMESPACE": chart.namespace, "POD_NAME": f"epp-{len(started)}"}
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "epp", *chart.serve_args(ports), f"--kubeconfig={kubeconfig}"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
+        epp = Epp(process, ports[1], log_path)
+        started.append(epp)
+        return epp
+
+    yield start
+    for epp in started:
+        epp.process.terminate()
+        try:
+            epp.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            epp.process.kill()
+
+
+def test_with_the_charts_role_the_epp_is_ready_and_denied_nothing(
+    cluster: LocalCluster, chart: Chart, epp_as_service_account: Any
+) -> None:
+    epp: Epp = epp_as_service_account()
+    wait_until(lambda: epp_ready(epp.health_port), "the EPP ready as its ServiceAccount", within_s=60)
+    assert "forbidden" not in epp.log().lower(), epp.log()
+    # Its writes went through: InferenceModel status, and an Event for a model it rejects.
+    wait_until(
+        lambda: any(m.get("status") for m in cluster.get("inferencemodels", "-n", chart.namespace)["items"]),
+        "InferenceModel status written by the EPP",
+        within_s=30,
+    )
+    assert "forbidden" not in epp.log().lower(), epp.log()
+
+
+def test_a_verb_taken_out_of_the_role_keeps_the_epp_unready_and_it_says_why(
+    cluster: LocalCluster, chart: Chart, epp_as_service_account: Any
+) -> None:
+    role = json.loads(json.dumps(chart.role))
+    for rule in role["rules"]:
+        if rule["resources"] == ["pods"]:
+            rule["verbs"] = [verb for verb in rule["verbs"] if verb != "watch"]
+    cluster.apply(dump([role]), "-n", chart.namespace)
+    try:
+        epp: Epp = epp_as_service_account()
+        wait_until(
+            lambda: "forbidden" in epp.log().lower(), "the EPP to report the denied watch", within_s=60
+        )
+        assert not epp_ready(epp.health_port)
+    finally:
+        cluster.apply(dump([chart.role]), "-n", chart.namespace)
