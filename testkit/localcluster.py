@@ -9,13 +9,17 @@ or as a ServiceAccount with `as_token`.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from testkit.waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "kind" / "local-cluster.sh"
@@ -122,6 +126,26 @@ class LocalCluster:
         path.write_text(json.dumps(config))
         return path
 
+    def restart_apiserver(self, *, timeout_s: float = 90.0) -> None:
+        """Stop kube-apiserver (SIGTERM, as a rollout does) and start it again with the same
+        command line; returns once it is ready. Every open watch ends; its watch cache starts
+        over from etcd's current revision."""
+        pid_file = self.dir / "pids" / "kube-apiserver"
+        pid = int(pid_file.read_text())
+        command = [
+            part.decode() for part in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part
+        ]
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: _exited(pid), "kube-apiserver to exit", within_s=timeout_s)
+        with (self.dir / "logs" / "kube-apiserver.log").open("ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        pid_file.write_text(f"{process.pid}\n")
+        wait_until(
+            lambda: self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0,
+            "kube-apiserver ready again",
+            within_s=timeout_s,
+        )
+
     def etcd_compact(self) -> int:
         """Compact etcd to its current revision (what the API server does every few minutes);
         returns that revision. Watches from before it get 410 Gone."""
@@ -129,6 +153,15 @@ class LocalCluster:
         revision = int(_post(f"{base}/kv/range", {"key": "AA=="})["header"]["revision"])
         _post(f"{base}/kv/compaction", {"revision": revision, "physical": True})
         return revision
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped yet."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def _post(url: str, body: dict[str, Any]) -> Any:

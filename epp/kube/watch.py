@@ -207,6 +207,8 @@ class KubeSource:
         self._timing = timing
         self._wall_clock = wall_clock
         self.synced = asyncio.Event()
+        # Bookmarks the API server sent (they only move a watch's resourceVersion on).
+        self.bookmarks = 0
         self._listed: set[str] = set()
         self._pool_changed = asyncio.Event()
         self._models_changed = asyncio.Event()
@@ -338,7 +340,9 @@ class KubeSource:
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:
                         latest = str(rv)
-                    if event_type != "BOOKMARK":
+                    if event_type == "BOOKMARK":
+                        self.bookmarks += 1
+                    else:
                         loop.call_soon_threadsafe(deliver, event_type, obj)
             finally:
                 response.release_conn()

@@ -1,0 +1,136 @@
+"""The EPP's watches against a real API server that restarts under them.
+
+A restarted kube-apiserver drops every watch and starts its watch cache over from etcd's
+current revision, so a watch resumed from an older resourceVersion is answered 410 Gone (the
+same answer a watch gets after etcd compacted past it): the EPP relists, and what changed while
+it was not watching is in its pool, with no pod lost or duplicated. The watches also take the
+API server's bookmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from epp.clock import SystemClock
+from epp.kube.watch import KubeSource, PoolRef, WatchTiming
+from epp.picker.datastore.store import Datastore
+from testkit.localcluster import LocalCluster, dump
+from testkit.waiting import eventually
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+NAMESPACE = "watch"
+POOL = "pool-w"
+NODE = "kwok-node-0"
+
+
+def pool() -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "selector": {"matchLabels": {"app": "watched"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
+        },
+    }
+
+
+def pod(name: str) -> dict[str, Any]:
+    """A Pod on the kwok node: kwok runs it (Running, Ready, an IP) without a container."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "watched"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+    }
+
+
+@pytest.fixture(scope="module")
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    cluster.apply(dump([pool()]), "-n", NAMESPACE)
+    yield NAMESPACE
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+def ready_addresses(cluster: LocalCluster) -> set[str]:
+    """host:port of every Ready pod of the pool, as the API server has them."""
+    addresses = set()
+    for item in cluster.get("pods", "-n", NAMESPACE, "-l", "app=watched")["items"]:
+        status = item.get("status", {})
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+        if ready and status.get("podIP") and not item["metadata"].get("deletionTimestamp"):
+            addresses.add(f"{status['podIP']}:8000")
+    return addresses
+
+
+def routable(datastore: Datastore) -> list[str]:
+    return sorted(state.address for state in datastore.snapshot().endpoints)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    cluster: LocalCluster, *, watch_timeout_s: float = 30
+) -> AsyncIterator[tuple[Datastore, KubeSource]]:
+    clock = SystemClock()
+    datastore = Datastore(clock)
+    source = KubeSource(
+        datastore,
+        pool=PoolRef(name=POOL, namespace=NAMESPACE, group="inference.networking.k8s.io"),
+        kubeconfig=str(cluster.kubeconfig),
+        clock=clock,
+        timing=WatchTiming(watch_timeout_s=watch_timeout_s, backoff_initial_s=0.05, backoff_max_s=0.5),
+    )
+    task = asyncio.create_task(source.run())
+    try:
+        await asyncio.wait_for(source.synced.wait(), 20)
+        yield datastore, source
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_api_server_restart_mid_watch_relists_and_loses_nothing(
+    cluster: LocalCluster, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster.apply(dump([pod("a"), pod("b")]), "-n", namespace)
+    await eventually(lambda: len(ready_addresses(cluster)) == 2, "kwok runs both pods", within_s=30)
+    async with watching(cluster) as (datastore, _):
+        await eventually(
+            lambda: set(routable(datastore)) == ready_addresses(cluster), "both routable", within_s=10
+        )
+        # A write the pod watch does not see moves etcd past its resourceVersion.
+        cluster.kubectl("create", "configmap", "bump", "-n", namespace)
+        caplog.set_level(logging.INFO, logger="epp.kube.watch")
+        await asyncio.to_thread(cluster.restart_apiserver)
+        cluster.kubectl("delete", "pod", "a", "-n", namespace, "--wait=false")
+        cluster.apply(dump([pod("c")]), "-n", namespace)
+        await eventually(
+            lambda: (
+                {p.name for p in datastore.pods()} >= {"b", "c"}
+                and "a" not in {p.name for p in datastore.pods()}
+            ),
+            "the restart's changes seen",
+            within_s=30,
+        )
+        await eventually(
+            lambda: set(routable(datastore)) == ready_addresses(cluster), "b and c routable", within_s=30
+        )
+        addresses = routable(datastore)
+        assert len(addresses) == len(set(addresses)) == 2, addresses  # none lost, none twice
+        assert "watch expired, relisting" in caplog.text, "a 410 Gone answered with a relist"
+
+
+async def test_the_watches_take_bookmarks(cluster: LocalCluster, namespace: str) -> None:
+    # The API server sends a bookmark shortly before a watch's timeout, and about once a minute.
+    async with watching(cluster, watch_timeout_s=10) as (_, source):
+        await eventually(lambda: source.bookmarks > 0, "a bookmark from the API server", within_s=70)
