@@ -65,6 +65,7 @@ EVENT_REASON_INVALID = "InvalidObject"
 EVENT_COMPONENT = "epp"
 MAX_REPORTED = 10_000
 HTTP_GONE = 410
+DENIED = frozenset({401, 403})  # the EPP's credentials or its RBAC: no retry will change that alone
 HTTP_CONFLICT = 409
 HTTP_NOT_FOUND = 404
 
@@ -101,9 +102,12 @@ class _WatchFailed(Exception):
     None means relist.
     """
 
-    def __init__(self, message: str, resource_version: str | None = None) -> None:
+    def __init__(
+        self, message: str, resource_version: str | None = None, *, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.resource_version = resource_version
+        self.status = status
 
 
 def _check_status(response: Any, what: str, resource_version: str | None) -> None:
@@ -114,7 +118,7 @@ def _check_status(response: Any, what: str, resource_version: str | None) -> Non
     response.release_conn()
     if status == HTTP_GONE:
         raise _WatchGone()
-    raise _WatchFailed(f"{what}: HTTP {status}", resource_version)
+    raise _WatchFailed(f"{what}: HTTP {status}", resource_version, status=status)
 
 
 def _shutdown(response: Any) -> None:
@@ -183,8 +187,9 @@ class WatchTiming:
 class KubeSource:
     """Keeps the datastore in step with the cluster for one InferencePool.
 
-    `synced` is set once the pool, its pods, models and objectives have all been listed
-    (readiness waits for it). `run` returns only when cancelled.
+    `synced` is set once the pool, its pods, models and objectives have all been listed and
+    their watches accepted (readiness waits for it, and for `denied` to be empty). `run` returns
+    only when cancelled.
     """
 
     def __init__(
@@ -207,6 +212,7 @@ class KubeSource:
         self._timing = timing
         self._wall_clock = wall_clock
         self.synced = asyncio.Event()
+        self._denied: dict[str, str] = {}
         # Bookmarks the API server sent (they only move a watch's resourceVersion on).
         self.bookmarks = 0
         self._listed: set[str] = set()
@@ -260,8 +266,9 @@ class KubeSource:
                 if resource_version is None:
                     items, resource_version = await self._list(list_call, selector)
                     (on_list or self._replace_for(name))(items)
-                    self._mark_listed(name)
-                resource_version = await self._watch_once(list_call, selector, resource_version, apply)
+                resource_version = await self._watch_once(
+                    list_call, selector, resource_version, apply, opened=lambda: self._watching(name)
+                )
                 backoff_s = self._timing.backoff_initial_s
                 continue
             except _WatchGone:
@@ -269,7 +276,10 @@ class KubeSource:
                 resource_version = None
                 continue
             except _WatchFailed as error:
-                log.warning("watch failed, retrying", extra={"resource": name, "error": str(error)})
+                if error.status in DENIED:
+                    self._deny(name, error)
+                else:
+                    log.warning("watch failed, retrying", extra={"resource": name, "error": str(error)})
                 if resource_version is not None:
                     resource_version = error.resource_version
             delay_s = backoff_s * (0.5 + self._random.random())
@@ -290,7 +300,7 @@ class KubeSource:
         try:
             return await asyncio.to_thread(call)
         except ApiException as error:
-            raise _WatchFailed(f"list: {error.status} {error.reason}") from error
+            raise _WatchFailed(f"list: {error.status} {error.reason}", status=error.status) from error
         except (urllib3.exceptions.HTTPError, OSError, ValueError, KeyError) as error:
             raise _WatchFailed(f"list: {error}") from error
 
@@ -300,8 +310,10 @@ class KubeSource:
         selector: str,
         resource_version: str,
         apply: Callable[[str, RawObject], None],
+        opened: Callable[[], None],
     ) -> str:
-        """One watch request; returns the resourceVersion to resume from."""
+        """One watch request; returns the resourceVersion to resume from. `opened` is called
+        once the API server has accepted it."""
         loop = asyncio.get_running_loop()
         stopped = threading.Event()
         response: Any = None
@@ -323,6 +335,7 @@ class KubeSource:
                 _request_timeout=(self._timing.request_timeout_s, self._timing.watch_read_timeout_s),
             )
             _check_status(response, "watch", resource_version)
+            loop.call_soon_threadsafe(opened)
             try:
                 for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]  # untyped upstream
                     if stopped.is_set():
@@ -353,13 +366,36 @@ class KubeSource:
         except ApiException as error:
             if error.status == HTTP_GONE:
                 raise _WatchGone() from error
-            raise _WatchFailed(f"watch: {error.status} {error.reason}", latest) from error
+            raise _WatchFailed(
+                f"watch: {error.status} {error.reason}", latest, status=error.status
+            ) from error
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
             # What was delivered before the drop stays applied: resume from `latest`.
             raise _WatchFailed(f"watch: {error}", latest) from error
         finally:
             stopped.set()
             _shutdown(response)
+
+    @property
+    def denied(self) -> dict[str, str]:
+        """Resources the API server refuses to let this EPP list or watch (401/403), and why.
+        While any is, the EPP is not ready: it would route on a view that can no longer change."""
+        return dict(self._denied)
+
+    def _deny(self, name: str, error: _WatchFailed) -> None:
+        if name not in self._denied:
+            log.error(
+                "the API server refuses this EPP's calls for a resource: grant its ServiceAccount the "
+                "list and watch verbs on it (see the chart's Role); not ready until then",
+                extra={"resource": name, "error": str(error)},
+            )
+        self._denied[name] = str(error)
+
+    def _watching(self, name: str) -> None:
+        """The API server accepted a watch of `name`: listed and watched, the view is live."""
+        if self._denied.pop(name, None) is not None:
+            log.info("the API server allows this EPP's watch again", extra={"resource": name})
+        self._mark_listed(name)
 
     def _mark_listed(self, name: str) -> None:
         self._listed.add(name)

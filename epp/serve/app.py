@@ -21,6 +21,7 @@ import logging
 import signal
 import socket
 import sys
+import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -719,7 +720,7 @@ def _build_source(
         kubeconfig=settings.pool.kubeconfig,
         clock=clock,
     )
-    return kube_source, kube_source.synced.is_set
+    return kube_source, lambda: kube_source.synced.is_set() and not kube_source.denied
 
 
 def _build_refresher(settings: ServeSettings, datastore: Datastore, clock: Clock) -> _Runnable:
@@ -744,10 +745,11 @@ def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | Non
         return None
     from epp.kube.leader import LeaderElector, LeaseClaim
 
+    # The host name says which pod holds the Lease; the suffix keeps two replicas that share one
+    # (host networking, two processes on one machine) from each taking the other's Lease for its own.
+    identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:12]}"
     return LeaderElector(
-        claim=LeaseClaim(
-            name=settings.lease_name, namespace=settings.pool.namespace, identity=socket.gethostname()
-        ),
+        claim=LeaseClaim(name=settings.lease_name, namespace=settings.pool.namespace, identity=identity),
         kubeconfig=settings.pool.kubeconfig,
         clock=clock,
     )

@@ -8,7 +8,8 @@ API server's RBAC decides every call it makes:
 - with the chart's Role it becomes ready (pool, models, objectives and pods listed and watched,
   the Lease taken), writes InferenceModel status, and records a Warning Event for a rejected
   InferenceModel; the API server denies it nothing;
-- with one verb taken out of the Role (`watch` on pods) it never becomes ready, and says why.
+- with one verb taken out of the Role (`watch` on pods) it never becomes ready, not even for a
+  moment, and says what to grant.
 """
 
 from __future__ import annotations
@@ -182,11 +183,35 @@ def test_a_verb_taken_out_of_the_role_keeps_the_epp_unready_and_it_says_why(
         if rule["resources"] == ["pods"]:
             rule["verbs"] = [verb for verb in rule["verbs"] if verb != "watch"]
     cluster.apply(dump([role]), "-n", chart.namespace)
+    can_watch = ["auth", "can-i", "watch", "pods", "-n", chart.namespace]
+    can_watch.append(f"--as=system:serviceaccount:{chart.namespace}:{chart.service_account}")
+    # The authorizer sees a changed Role through its own watch: wait for it.
+    wait_until(lambda: cluster.kubectl(*can_watch, check=False).returncode != 0, "watch on pods revoked")
     try:
         epp: Epp = epp_as_service_account()
         wait_until(
             lambda: "forbidden" in epp.log().lower(), "the EPP to report the denied watch", within_s=60
         )
+        assert "grant its ServiceAccount the list and watch verbs" in epp.log()
         assert not epp_ready(epp.health_port)
+        assert '"ready": true' not in epp.log(), "never ready, not even for a moment"
     finally:
         cluster.apply(dump([chart.role]), "-n", chart.namespace)
+        wait_until(lambda: cluster.kubectl(*can_watch, check=False).returncode == 0, "watch on pods granted")
+
+
+def test_two_replicas_elect_one_leader_on_a_real_lease_and_the_other_takes_over_when_it_dies(
+    cluster: LocalCluster, chart: Chart, epp_as_service_account: Any
+) -> None:
+    """The chart's replicas run with --ha-enable-leader-election: only the leader is ready."""
+    first: Epp = epp_as_service_account()
+    wait_until(lambda: epp_ready(first.health_port), "the first replica leads", within_s=60)
+    second: Epp = epp_as_service_account()
+    (lease,) = cluster.get("leases", "-n", chart.namespace)["items"]
+    leader = lease["spec"]["holderIdentity"]
+    assert not epp_ready(second.health_port), "a standby is not ready"
+    first.process.kill()  # no release: the standby waits out the lease (15 s)
+    wait_until(lambda: epp_ready(second.health_port), "the standby takes over", within_s=45)
+    holder = cluster.get("leases", "-n", chart.namespace)["items"][0]["spec"]["holderIdentity"]
+    assert holder != leader, "the Lease changed hands"
+    assert "forbidden" not in second.log().lower(), second.log()

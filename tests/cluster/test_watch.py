@@ -78,7 +78,7 @@ def routable(datastore: Datastore) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def watching(
-    cluster: LocalCluster, *, watch_timeout_s: float = 30
+    cluster: LocalCluster, *, watch_timeout_s: int = 30
 ) -> AsyncIterator[tuple[Datastore, KubeSource]]:
     clock = SystemClock()
     datastore = Datastore(clock)
