@@ -1,8 +1,8 @@
 """The EPP's watches against a real API server that restarts under them.
 
 A restarted kube-apiserver drops every watch and starts its watch cache over from etcd's
-current revision, so a watch resumed from an older resourceVersion is answered 410 Gone (the
-same answer a watch gets after etcd compacted past it): the EPP relists, and what changed while
+current revision; with etcd compacted past the watch's resourceVersion, the resumed watch is
+answered 410 Gone however the API server serves it: the EPP relists, and what changed while
 it was not watching is in its pool, with no pod lost or duplicated. The watches also take the
 API server's bookmarks.
 """
@@ -108,8 +108,11 @@ async def test_an_api_server_restart_mid_watch_relists_and_loses_nothing(
         await eventually(
             lambda: set(routable(datastore)) == ready_addresses(cluster), "both routable", within_s=10
         )
-        # A write the pod watch does not see moves etcd past its resourceVersion.
+        # A write the pod watch does not see moves etcd past its resourceVersion, and etcd is
+        # compacted there: whether the restarted API server serves the resumed watch from its
+        # new watch cache or, while that fills, from etcd, the watch's resourceVersion is gone.
         cluster.kubectl("create", "configmap", "bump", "-n", namespace)
+        cluster.etcd_compact()
         caplog.set_level(logging.INFO, logger="epp.kube.watch")
         await asyncio.to_thread(cluster.restart_apiserver)
         cluster.kubectl("delete", "pod", "a", "-n", namespace, "--wait=false")

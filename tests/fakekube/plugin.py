@@ -105,14 +105,17 @@ class RealEnv:
 
     def put(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create or update `obj` by server-side apply (the API server keeps the fields it
-        defaulted, which a replace would try to take away, e.g. from a Pod's spec), then write
+        defaulted, which a replace would try to take away, e.g. from a Pod's spec), then merge
         its status, if it has one, through the status subresource."""
         api = self._api(obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
         namespace = meta.get("namespace", self.namespace)
         body = {key: value for key, value in obj.items() if key != "status"}
-        # What an object read back carries that an apply may not (the server's field ownership).
-        body["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"} | {"namespace": namespace}
+        # What an object read back carries that an apply must not: the server's field ownership,
+        # and the resourceVersion that would make the apply fail if anything wrote in between
+        # (a running controller's status, say). An apply states what the test wants, as kubectl's.
+        server_owned = ("managedFields", "resourceVersion")
+        body["metadata"] = {k: v for k, v in meta.items() if k not in server_owned} | {"namespace": namespace}
         result = api.server_side_apply(
             body=body,
             name=meta["name"],
@@ -121,9 +124,12 @@ class RealEnv:
             force_conflicts=True,
         )
         if "status" in obj:
-            current = result.to_dict()
-            current["status"] = obj["status"]
-            result = api.status.replace(body=current, namespace=namespace)
+            result = api.status.patch(
+                body={"status": obj["status"]},
+                name=meta["name"],
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+            )
         return dict(result.to_dict())
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
