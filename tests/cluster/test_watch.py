@@ -12,16 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from epp.clock import SystemClock
-from epp.kube.watch import KubeSource, PoolRef, WatchTiming
+from epp.kube.watch import KubeSource, PoolRef
 from epp.picker.datastore.store import Datastore
 from testkit.localcluster import LocalCluster, dump
 from testkit.waiting import eventually
+from tests.support.kube_source import running_source
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -76,27 +76,11 @@ def routable(datastore: Datastore) -> list[str]:
     return sorted(state.address for state in datastore.snapshot().endpoints)
 
 
-@contextlib.asynccontextmanager
-async def watching(
+def watching(
     cluster: LocalCluster, *, watch_timeout_s: int = 30
-) -> AsyncIterator[tuple[Datastore, KubeSource]]:
-    clock = SystemClock()
-    datastore = Datastore(clock)
-    source = KubeSource(
-        datastore,
-        pool=PoolRef(name=POOL, namespace=NAMESPACE, group="inference.networking.k8s.io"),
-        kubeconfig=str(cluster.kubeconfig),
-        clock=clock,
-        timing=WatchTiming(watch_timeout_s=watch_timeout_s, backoff_initial_s=0.05, backoff_max_s=0.5),
-    )
-    task = asyncio.create_task(source.run())
-    try:
-        await asyncio.wait_for(source.synced.wait(), 20)
-        yield datastore, source
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+) -> contextlib.AbstractAsyncContextManager[tuple[Datastore, KubeSource]]:
+    pool = PoolRef(name=POOL, namespace=NAMESPACE, group="inference.networking.k8s.io")
+    return running_source(pool, str(cluster.kubeconfig), watch_timeout_s=watch_timeout_s, synced_within_s=20)
 
 
 async def test_an_api_server_restart_mid_watch_relists_and_loses_nothing(

@@ -12,16 +12,15 @@ import contextlib
 import datetime
 import json
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from epp.clock import SystemClock
-from epp.kube.watch import API_CALLS, KubeSource, PoolRef, WatchTiming
+from epp.kube.watch import API_CALLS, KubeSource, PoolRef
 from epp.picker.datastore.store import Datastore
 from testkit.waiting import eventually
 from tests.fakekube.plugin import KubeEnv, needs_fake
+from tests.support.kube_source import running_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -77,32 +76,17 @@ def addresses(datastore: Datastore) -> set[str]:
     return {state.address for state in datastore.snapshot().endpoints}
 
 
-@contextlib.asynccontextmanager
-async def running(env: KubeEnv, **kwargs: Any) -> AsyncIterator[tuple[Datastore, KubeSource]]:
-    clock = SystemClock()
-    datastore = Datastore(clock)
-    source = KubeSource(
-        datastore,
-        pool=PoolRef(
-            name=POOL_NAME,
-            namespace=env.namespace,
-            group=kwargs.pop("pool_group", "inference.networking.k8s.io"),
-        ),
-        kubeconfig=env.kubeconfig,
-        clock=clock,
-        timing=WatchTiming(
-            watch_timeout_s=kwargs.pop("watch_timeout_s", 2), backoff_initial_s=0.05, backoff_max_s=0.5
-        ),
+def running(
+    env: KubeEnv, **kwargs: Any
+) -> contextlib.AbstractAsyncContextManager[tuple[Datastore, KubeSource]]:
+    group = kwargs.pop("pool_group", "inference.networking.k8s.io")
+    return running_source(
+        PoolRef(name=POOL_NAME, namespace=env.namespace, group=group),
+        env.kubeconfig,
+        watch_timeout_s=kwargs.pop("watch_timeout_s", 2),
+        synced_within_s=10,
         **kwargs,
     )
-    task = asyncio.create_task(source.run())
-    try:
-        await asyncio.wait_for(source.synced.wait(), 10)
-        yield datastore, source
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_ready_pod_becomes_routable_and_leaves_when_deleted_or_unready(kube: KubeEnv) -> None:
