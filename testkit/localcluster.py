@@ -8,14 +8,18 @@ or as a ServiceAccount with `as_token`.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
+import tempfile
+import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,17 +72,37 @@ class LocalCluster:
     def ca_file(self) -> pathlib.Path:
         return self.dir / "pki" / "ca.crt"
 
+    @property
+    def pod_cidr(self) -> str:
+        """The range kwok gives Pod IPs from (loopback: a test serves a Pod on its IP)."""
+        return (self.dir / "pod-cidr").read_text().strip()
+
     @classmethod
     def start(cls, directory: pathlib.Path, kubectl_bin: str) -> LocalCluster:
+        """Start a control plane in `directory`, with a Pod range no other running cluster on this
+        host has (127.1.0.0/16 for the first): Pod IPs are host addresses here, and two clusters
+        handing out the same one would put two Pods' processes on one address."""
+        directory.mkdir(parents=True, exist_ok=True)
+        cidr = _reserve_pod_cidr(directory)
         result = subprocess.run(
-            ["bash", str(SCRIPT), "up", str(directory)], capture_output=True, text=True, timeout=300
+            ["bash", str(SCRIPT), "up", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ | {"POD_CIDR": cidr},
+            # Its processes in a session of their own: a Ctrl-C in the terminal that started a
+            # long-lived cluster (`python -m testkit.local_e2e`) reaches only the caller, which
+            # stops what runs on the cluster before the cluster.
+            start_new_session=True,
         )
         if result.returncode != 0:
+            _release_pod_cidr(directory)
             raise ClusterError(f"local-cluster.sh up failed:\n{result.stdout}\n{result.stderr}")
         return cls(directory, kubectl_bin)
 
     def stop(self) -> None:
         subprocess.run(["bash", str(SCRIPT), "down", str(self.dir)], capture_output=True, timeout=60)
+        _release_pod_cidr(self.dir)
 
     def log(self, component: str) -> str:
         return (self.dir / "logs" / f"{component}.log").read_text(errors="replace")
@@ -106,12 +130,22 @@ class LocalCluster:
         return self.kubectl("apply", "-f", "-", *extra, stdin=manifest)
 
     def token_kubeconfig(
-        self, namespace: str, service_account: str, path: pathlib.Path, *, duration: str = "1h"
+        self,
+        namespace: str,
+        service_account: str,
+        path: pathlib.Path,
+        *,
+        duration: str = "1h",
+        bound_pod: tuple[str, str] | None = None,
     ) -> pathlib.Path:
         """A kubeconfig that authenticates as the ServiceAccount, with a token the API server
-        issues for it (the TokenRequest API, as a projected token in a pod would be)."""
+        issues for it (the TokenRequest API, as a projected token in a pod would be). With
+        `bound_pod` (name, uid) the token is bound to that Pod, as a projected one is: it stops
+        working when the Pod is gone."""
+        bound = ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod[0]}"] if bound_pod else []
+        bound += [f"--bound-object-uid={bound_pod[1]}"] if bound_pod else []
         token = self.kubectl(
-            "create", "token", service_account, "-n", namespace, "--duration", duration
+            "create", "token", service_account, "-n", namespace, "--duration", duration, *bound
         ).stdout.strip()
         cluster = {"server": self.server, "certificate-authority": str(self.ca_file)}
         context = {"cluster": "local", "user": service_account, "namespace": namespace}
@@ -126,10 +160,12 @@ class LocalCluster:
         path.write_text(json.dumps(config))
         return path
 
-    def restart_apiserver(self, *, timeout_s: float = 90.0) -> None:
+    def restart_apiserver(
+        self, *, timeout_s: float = 90.0, while_down: Callable[[], object] | None = None
+    ) -> None:
         """Stop kube-apiserver (SIGTERM, as a rollout does) and start it again with the same
         command line; returns once it is ready. Every open watch ends; its watch cache starts
-        over from etcd's current revision."""
+        over from etcd's current revision. `while_down` runs once it has exited (an outage)."""
         pid_file = self.dir / "pids" / "kube-apiserver"
         pid = int(pid_file.read_text())
         command = [
@@ -137,6 +173,8 @@ class LocalCluster:
         ]
         os.kill(pid, signal.SIGTERM)
         wait_until(lambda: _exited(pid), "kube-apiserver to exit", within_s=timeout_s)
+        if while_down is not None:
+            while_down()
         with (self.dir / "logs" / "kube-apiserver.log").open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         pid_file.write_text(f"{process.pid}\n")
@@ -147,12 +185,62 @@ class LocalCluster:
         )
 
     def etcd_compact(self) -> int:
-        """Compact etcd to its current revision (what the API server does every few minutes);
-        returns that revision. Watches from before it get 410 Gone."""
+        """Compact etcd past everything written so far (what the API server does every few
+        minutes); returns the revision. A scratch key outside the API server's prefix is written
+        first, so the revision moves past any resourceVersion handed out before this call, and a
+        watch resumed from one gets 410 Gone."""
         base = f"http://127.0.0.1:{self.ports['ETCD_PORT']}/v3"
-        revision = int(_post(f"{base}/kv/range", {"key": "AA=="})["header"]["revision"])
+        scratch = {"key": base64.b64encode(b"/lora-epp-test/compaction").decode(), "value": "AA=="}
+        revision = int(_post(f"{base}/kv/put", scratch)["header"]["revision"])
         _post(f"{base}/kv/compaction", {"revision": revision, "physical": True})
         return revision
+
+
+# One directory per /16 in use, holding the cluster directory that uses it.
+POD_CIDRS = pathlib.Path(tempfile.gettempdir()) / "lora-epp-pod-cidrs"
+RESERVATION_GRACE_S = 600.0  # a reservation younger than this is kept while its cluster starts
+
+
+def _reserve_pod_cidr(directory: pathlib.Path) -> str:
+    """The first 127.N.0.0/16 (N from 1) no running cluster holds; recorded in DIR/pod-cidr."""
+    POD_CIDRS.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 255):
+        reservation = POD_CIDRS / f"127.{n}"
+        if reservation.exists() and _stale(reservation):
+            shutil.rmtree(reservation, ignore_errors=True)
+        try:
+            reservation.mkdir()  # atomic: one cluster wins each range
+        except FileExistsError:
+            continue
+        (reservation / "owner").write_text(str(directory.resolve()))
+        cidr = f"127.{n}.0.0/16"
+        (directory / "pod-cidr").write_text(cidr + "\n")
+        return cidr
+    raise ClusterError(f"every 127.N.0.0/16 is held by a running cluster (see {POD_CIDRS})")
+
+
+def _stale(reservation: pathlib.Path) -> bool:
+    """Its cluster is gone: its API server is not running, and it is not starting either."""
+    try:
+        owner = pathlib.Path((reservation / "owner").read_text())
+        age = time.time() - reservation.stat().st_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # being written or removed right now
+    pid_file = owner / "pids" / "kube-apiserver"
+    if not pid_file.exists():
+        return age > RESERVATION_GRACE_S
+    try:
+        return _exited(int(pid_file.read_text()))
+    except (ValueError, OSError):
+        return True
+
+
+def _release_pod_cidr(directory: pathlib.Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        n = (directory / "pod-cidr").read_text().split(".")[1]
+        reservation = POD_CIDRS / f"127.{n}"
+        if (reservation / "owner").read_text() == str(directory.resolve()):
+            shutil.rmtree(reservation, ignore_errors=True)
 
 
 def _exited(pid: int) -> bool:

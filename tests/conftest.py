@@ -6,6 +6,10 @@ in far less time than one. A test module is one unit of work, so a stack a modul
 module-scoped fixture) starts once; the real-vLLM tier is one unit as a whole, since its vLLM
 servers are shared by all its modules and each takes a core; so is every module that runs
 against the local Kubernetes control plane, which one process starts for all of them.
+
+Property tests (Hypothesis) run without a per-example deadline: on a shared, busy machine an
+example that takes 0.3 s instead of 0.2 s says nothing about the code, and a timing limit would
+make a correct test fail at random.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from xdist.scheduler import LoadScopeScheduling
 
 pytest_plugins = ["tests.fakekube.plugin"]
+
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 REAL_VLLM_TIER = "tests/realvllm/"
 CONTROL_PLANE = "the local control plane"

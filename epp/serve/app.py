@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import signal
 import socket
 import sys
@@ -72,6 +73,7 @@ from epp.picker.peers import (
     PeerTls,
     PeerTlsFiles,
     PeerTlsRenewal,
+    PodAddresses,
     build_peer_server,
     load_peer_tls,
     parse_peers,
@@ -298,15 +300,26 @@ def _build_peers(
     )
     sender = PeerSender(
         shared,
-        parse_peers(settings.peers.addresses),
+        parse_peers(settings.peers.addresses) if settings.peers.addresses else [],
         own_id=own_id,
         pool=pool,
         clock=clock,
         interval_s=settings.peers.interval_s,
         tls=tls,
+        pods=_peer_pods(settings) if settings.peers.selector else None,
+        pods_port=settings.peers.port,
     )
     route = peers_route(shared, service, sender, clock, own_id=own_id, refusals=refusals, tls=tls is not None)
     return _Peers(service, sender, route, tls, refusals)
+
+
+def _peer_pods(settings: ServeSettings) -> PodAddresses:
+    """`--peer-selector`: the replicas' Pods, listed in the pool's namespace."""
+    from epp.kube.api import AsyncKubeApi, load_api_client
+    from epp.kube.peers import PodAddresses as KubePodAddresses
+
+    api = AsyncKubeApi(load_api_client(settings.pool.kubeconfig))
+    return KubePodAddresses(api, settings.pool.namespace, settings.peers.selector)
 
 
 def _peer_renewal(parts: _Parts, servers: _Servers, clock: Clock) -> PeerTlsRenewal | None:
@@ -663,7 +676,7 @@ def picker_spec(settings: ServeSettings) -> PickerSpec:
     with `--peers`, a fresh id for this replica and the exchange interval."""
     text = settings.scheduling.picker_config_text
     peers = None
-    if settings.peers.addresses:
+    if settings.peers.enabled:
         peers = PeerSpec(own_id=process_id(), interval_s=settings.peers.interval_s)
     return PickerSpec(
         config_text=text,
@@ -745,9 +758,10 @@ def _build_elector(settings: ServeSettings, clock: Clock) -> LeaderElector | Non
         return None
     from epp.kube.leader import LeaderElector, LeaseClaim
 
-    # The host name says which pod holds the Lease; the suffix keeps two replicas that share one
-    # (host networking, two processes on one machine) from each taking the other's Lease for its own.
-    identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:12]}"
+    # The pod's name (POD_NAME, which the chart sets from the downward API; else the host name,
+    # which is the pod's name except under host networking) says which pod holds the Lease; the
+    # suffix keeps two processes with one name from each taking the other's Lease for its own.
+    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:12]}"
     return LeaderElector(
         claim=LeaseClaim(name=settings.lease_name, namespace=settings.pool.namespace, identity=identity),
         kubeconfig=settings.pool.kubeconfig,

@@ -43,7 +43,7 @@ case "$GO_VERSION" in
 esac
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
-PINS="$(cat "$HERE/go.mod" "$HERE/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16) $GO_VERSION"
+PINS="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/pod-ready.yaml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16) $GO_VERSION"
 all_built() {
     local name
     for name in "${BINARIES[@]}"; do [ -x "$BIN/$name" ] || return 1; done
@@ -73,13 +73,17 @@ done
     k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3 sigs.k8s.io/kwok/cmd/kwok) \
     || fail "go build in kind/controlplane broke; see the errors above"
 mv -f "$BIN/server" "$BIN/etcd" || fail "the etcd build left no $BIN/server"
-# kwok's own "fast" stages (Node Ready at once; Pod Running and Ready at once, Succeeded when its
-# containers are done, gone when deleted), from the kwok module the build used.
+# kwok's own "fast" stages (Node Ready at once; Pod Succeeded when its containers are done, gone
+# when deleted), from the kwok module the build used, and our pod-ready.yaml in place of kwok's
+# (a Pod with a readiness probe is not Ready until probed, as on a real node).
 STAGES="$(cd "$HERE" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage" \
     || fail "cannot find the kwok module's stages"
-for stage in node/fast/node-initialize pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
-    cat "$STAGES/$stage.yaml" && echo "---"
-done > "$BIN/kwok-stages.yaml" || fail "cannot copy kwok's stages from $STAGES"
+{
+    for stage in node/fast/node-initialize pod/fast/pod-complete pod/fast/pod-delete; do
+        cat "$STAGES/$stage.yaml" && echo "---"
+    done
+    cat "$HERE/pod-ready.yaml"
+} > "$BIN/kwok-stages.yaml" || fail "cannot copy kwok's stages from $STAGES"
 
 for name in "${BINARIES[@]}"; do
     [ -x "$BIN/$name" ] || fail "$name missing from $BIN after the build"

@@ -24,96 +24,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 
 from epp.tools.localstack import epp_ready, free_ports
 from testkit.localcluster import LocalCluster, dump
 from testkit.waiting import wait_until
-from tests.deployment.tools import find
+from tests.cluster.chart import Chart, render
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "inferencepool"
-KIND_VALUES = ROOT / "kind" / "values.yaml"
-RELEASE = "rbac"
-SERVED_GROUPS = frozenset(
-    {
-        "",
-        "apps",
-        "rbac.authorization.k8s.io",
-        "policy",
-        "inference.networking.k8s.io",
-        "inference.networking.x-k8s.io",
-    }
-)
-
-
-def render(namespace: str) -> list[dict[str, Any]]:
-    helm = find("helm")
-    if helm is None:
-        pytest.skip("helm not found: run bash .ci/k8s_tools.sh")
-    values: dict[str, Any] = yaml.safe_load(KIND_VALUES.read_text())
-    values |= {"provider": {"name": "none"}, "gateway": {"create": False}, "httpRoute": {"enabled": False}}
-    result = subprocess.run(
-        [helm, "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"],
-        input=json.dumps(values),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == kind and not o["metadata"]["name"].endswith("-dashboard")]
-    return found
-
-
-@dataclass
-class Chart:
-    namespace: str
-    objects: list[dict[str, Any]]
-
-    @property
-    def service_account(self) -> str:
-        name: str = one(self.objects, "ServiceAccount")["metadata"]["name"]
-        return name
-
-    @property
-    def role(self) -> dict[str, Any]:
-        return one(self.objects, "Role")
-
-    def serve_args(self, ports: list[int]) -> list[str]:
-        """The Deployment's arguments for `epp serve`, on free loopback ports, the config file
-        inlined from the ConfigMap."""
-        container = one(self.objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-        args: list[str] = []
-        for arg in container["args"]:
-            arg = arg.replace("$(POD_NAMESPACE)", self.namespace)
-            if arg.startswith("--config-file=/config/"):
-                config = one(self.objects, "ConfigMap")["data"]
-                arg = "--config-text=" + config[arg.removeprefix("--config-file=/config/")]
-            if arg.startswith(("--grpc-port", "--grpc-health-port", "--metrics-port")):
-                continue
-            args.append(arg)
-        grpc, health, metrics = ports
-        return [*args, f"--grpc-port={grpc}", f"--grpc-health-port={health}", f"--metrics-port={metrics}"]
 
 
 @pytest.fixture(scope="module")
 def chart(cluster: LocalCluster) -> Iterator[Chart]:
     namespace = "rbac"
     cluster.kubectl("create", "namespace", namespace)
-    objects = render(namespace)
-    applied = [
-        o
-        for o in objects
-        if o["apiVersion"].rpartition("/")[0] in SERVED_GROUPS and o["kind"] not in ("Deployment", "Service")
-    ]
-    cluster.apply(dump(applied), "-n", namespace)
-    yield Chart(namespace, objects)
+    chart = Chart(namespace, render(namespace))
+    cluster.apply(dump(chart.applied()), "-n", namespace)
+    yield chart
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
@@ -209,6 +135,7 @@ def test_two_replicas_elect_one_leader_on_a_real_lease_and_the_other_takes_over_
     second: Epp = epp_as_service_account()
     (lease,) = cluster.get("leases", "-n", chart.namespace)["items"]
     leader = lease["spec"]["holderIdentity"]
+    assert leader.startswith("epp-0_"), f"the Lease names the pod (POD_NAME) that holds it: {leader}"
     assert not epp_ready(second.health_port), "a standby is not ready"
     first.process.kill()  # no release: the standby waits out the lease (15 s)
     wait_until(lambda: epp_ready(second.health_port), "the standby takes over", within_s=45)

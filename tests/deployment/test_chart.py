@@ -251,12 +251,18 @@ def test_more_replicas_run_active_passive_with_a_disruption_budget() -> None:
     assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
 
 
-def test_active_active_replicas_find_each_other_through_the_peers_service() -> None:
+def test_active_active_replicas_find_each_other_by_their_pod_labels() -> None:
+    """Each replica lists the Pods its own Deployment selects (through the API: no Service, no
+    cluster DNS, no grant beyond the pods list the Role has anyway)."""
     objects = render(CASES["active-active"])
     settings = serve_settings(objects)
-    peers = one(objects, "Service", f"{RELEASE}-epp-peers")
-    assert settings.peers.addresses == f"{RELEASE}-epp-peers.default.svc.cluster.local:9004"
-    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"] is True
+    deployment = one(objects, "Deployment")
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    assert (settings.peers.selector, settings.peers.addresses, settings.peers.port) == (selector, "", 9004)
+    assert (
+        deployment["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert "--ha-enable-leader-election" not in container(objects)["args"]
     policy = one(objects, "NetworkPolicy")
     (peer_rule,) = [r for r in policy["spec"]["ingress"] if "from" in r]

@@ -66,9 +66,10 @@ def _is_kustomization(path: pathlib.Path) -> bool:
 
 
 def _is_config_file(path: pathlib.Path) -> bool:
-    """Files that are not Kubernetes objects: Helm values, kind and Envoy configs."""
+    """Files that are not Kubernetes objects: Helm values, kind, kwok and Envoy configs."""
     return path.name == "values.yaml" or _rel(path) in {
         "kind/cluster.yaml",
+        "kind/controlplane/pod-ready.yaml",
         "manifests/gateway/envoy/envoy.yaml",
     }
 
@@ -655,13 +656,11 @@ def test_the_active_active_overlay_runs_every_replica_with_peers_it_can_reach() 
     container = pod["spec"]["containers"][0]
     assert deployment["spec"]["replicas"] >= 2
     assert not any(a.startswith("--ha-enable-leader-election") for a in container["args"])
-    [peers] = [a for a in container["args"] if a.startswith("--peers=")]
-    service = docs[("Service", "vllm-llama3-8b-epp-peers")]
-    assert peers.startswith(f"--peers={service['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local:")
-    assert peers.endswith(f":{service['spec']['ports'][0]['port']}")
-    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    [peers] = [a for a in container["args"] if a.startswith("--peer-selector=")]
+    selector = dict(term.split("=") for term in peers.removeprefix("--peer-selector=").split(","))
+    assert selector.items() <= labels.items(), "the replicas find every EPP pod"
     container_ports = {p["name"] for p in container["ports"]}
-    assert service["spec"]["ports"][0]["targetPort"] in container_ports
+    assert "grpc-peers" in container_ports
     for kind in ("PodDisruptionBudget", "NetworkPolicy"):
         selector = next(d for (k, _), d in docs.items() if k == kind)["spec"]
         match = selector.get("selector", selector.get("podSelector"))["matchLabels"]

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import pytest
 
 from testkit.localcluster import INSTALL, LocalCluster, kubectl_path, missing_binaries
+from testkit.waiting import wait_until
 from tests.fakekube.server import FakeKube
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -220,6 +221,13 @@ def _real_env(kubeconfig: str | None = None) -> Iterator[KubeEnv]:
     except (ConfigException, OSError, HTTPError, client.exceptions.ApiException) as error:
         pytest.skip(f"no reachable cluster in {kubeconfig} ({error})")
     try:
+        # The API server refuses Pods in a namespace until the controller manager has made its
+        # default ServiceAccount; on a busy machine that takes a moment after the namespace.
+        wait_until(
+            lambda: bool(api.list_namespaced_service_account(namespace, _request_timeout=5).items),
+            f"the default ServiceAccount of {namespace}",
+            within_s=60,
+        )
         yield RealEnv(kubeconfig, namespace)
     finally:
         api.delete_namespace(namespace, _request_timeout=5)

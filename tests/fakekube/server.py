@@ -154,8 +154,6 @@ class FakeKube:
         self._compacted_rv = 0  # a watch from an RV below this gets 410 Gone
         self._watchers: list[_Watcher] = []
         self.calls: list[ApiCall] = []
-        self._unavailable = False
-        self.refused = 0  # requests answered 503 while unavailable
         self.bookmarks_sent = 0  # BOOKMARK events written to a watch stream
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -191,7 +189,7 @@ class FakeKube:
         self._loop = None
 
     async def _start_site(self) -> None:
-        app = web.Application(middlewares=[self._availability])
+        app = web.Application()
         app.router.add_route("*", "/api/{version}/namespaces/{namespace}/{plural}", self._collection)
         app.router.add_route("*", "/api/{version}/namespaces/{namespace}/{plural}/{name}", self._item)
         app.router.add_route("*", "/api/{version}/namespaces/{namespace}/{plural}/{name}/{sub}", self._item)
@@ -305,13 +303,6 @@ class FakeKube:
             }
             self._wake(watcher, event)
         return rv
-
-    def set_unavailable(self, unavailable: bool) -> None:
-        """While set, every request gets 503 (an API server outage); open watches are dropped."""
-        with self._lock:
-            self._unavailable = unavailable
-        if unavailable:
-            self.drop_watches()
 
     @property
     def open_watches(self) -> int:
@@ -471,17 +462,6 @@ class FakeKube:
     def _log_call(self, resource: ResourceKey, verb: str, sub: str = "") -> None:
         with self._lock:
             self.calls.append(ApiCall(resource[0], resource[2] + (f"/{sub}" if sub else ""), verb))
-
-    @web.middleware
-    async def _availability(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        with self._lock:
-            unavailable = self._unavailable
-        if unavailable:
-            with self._lock:
-                self.refused += 1
-            return _error(503, "ServiceUnavailable", "the API server is unavailable")
-        response: web.StreamResponse = await handler(request)
-        return response
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         resource, namespace = self._route(request)

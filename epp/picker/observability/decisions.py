@@ -41,6 +41,7 @@ class Decision:
     response_status: int | None = None  # filled in when the request finishes
     key: str = ""  # the request's key in this EPP (its completion key, its in-flight entry)
     queue_wait_s: float | None = None  # seconds it waited in flow control; None: it never queued
+    priority: int = 0  # its InferenceObjective's priority band (x-gateway-inference-objective); 0: none
 
     def to_json(self) -> dict[str, object]:
         entry = asdict(self)

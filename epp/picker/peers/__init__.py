@@ -7,6 +7,7 @@ from epp.picker.peers.credentials import PeerTls, PeerTlsFiles, load_peer_tls, p
 from epp.picker.peers.exchange import (
     PeerSender,
     PeerService,
+    PodAddresses,
     from_proto,
     parse_peers,
     peers_route,
@@ -25,6 +26,7 @@ __all__ = [
     "PeerTls",
     "PeerTlsFiles",
     "PeerTlsRenewal",
+    "PodAddresses",
     "Refusal",
     "Reload",
     "build_peer_server",

@@ -1,9 +1,10 @@
 """Peer exchange between active-active replicas: the gRPC side of `scheduling.shared` (the replicated ledger).
 
-`epp serve --peers NAME:PORT` (the EPP's headless Service, or a comma list of host:port)
-serves `lora_epp.peers.v1.PeerExchange` on `--peer-port` and, every `--peer-interval`
+`epp serve --peers NAME:PORT` (the EPP's headless Service, or a comma list of host:port) or
+`--peer-selector LABELS` (the replicas' Pods, read from the Kubernetes API) serves
+`lora_epp.peers.v1.PeerExchange` on `--peer-port` and, every `--peer-interval`
 (100 ms), sends each peer one batch of what this replica routed and finished since the last
-one. The name is resolved again every `resolve_every_s`, so replicas that come and go are
+one. The peers are looked up again every `resolve_every_s`, so replicas that come and go are
 found; this process's own address is recognised by its reply (its own id) and left out.
 
 Failure behaviour (see docs/architecture.md): a batch that is not delivered within the
@@ -20,7 +21,7 @@ import asyncio
 import logging
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 from aiohttp import web
@@ -41,6 +42,11 @@ SEND_TIMEOUT_S = 1.0
 def process_id() -> str:
     """A fresh id for this process: peers tell a restarted replica by its new id."""
     return secrets.token_hex(8)
+
+
+# `await pods()`: the IPs of the replicas' Pods now, from the Kubernetes API
+# (`epp.kube.peers.PodAddresses`; the picker itself does not talk to Kubernetes).
+PodAddresses = Callable[[], Awaitable[list[str]]]
 
 
 def parse_peers(text: str) -> list[tuple[str, int]]:
@@ -138,9 +144,13 @@ class PeerSender:
         interval_s: float = 0.1,
         resolve_every_s: float = 5.0,
         tls: PeerTls | None = None,
+        pods: PodAddresses | None = None,
+        pods_port: int = 0,
     ) -> None:
         if interval_s <= 0 or resolve_every_s <= 0:
             raise ValueError("interval_s and resolve_every_s must be positive")
+        self._pods = pods
+        self._pods_port = pods_port
         self._shared = shared
         self._targets = list(targets)
         self._own_id = own_id
@@ -189,20 +199,27 @@ class PeerSender:
         await self.close()
 
     async def _resolve(self) -> list[str]:
-        """Every target's addresses now, as ip:port; a name that does not resolve counts as none."""
+        """Every peer's address now, as ip:port: the names resolved (one that does not resolve
+        counts as none) and the Pods' IPs on `pods_port`."""
         loop = asyncio.get_running_loop()
         found: list[str] = []
+
+        def add(ip: str, port: int) -> None:
+            address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            if address not in found:
+                found.append(address)
+
         for host, port in self._targets:
             try:
                 infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError as error:
                 log.warning("cannot resolve peers", extra={"peers": f"{host}:{port}", "error": str(error)})
                 continue
-            for family, _, _, _, sockaddr in infos:
-                ip = str(sockaddr[0])
-                address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
-                if address not in found:
-                    found.append(address)
+            for *_, sockaddr in infos:
+                add(str(sockaddr[0]), port)
+        if self._pods is not None:
+            for ip in await self._pods():
+                add(ip, self._pods_port)
         return found
 
     async def _send(self, address: str) -> None:

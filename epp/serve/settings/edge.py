@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 
 from epp.errors import ConfigError
@@ -56,15 +57,36 @@ def _one_scheduling_source(settings: ServeSettings) -> None:
         raise ConfigError("--policy cannot be combined with --config-file/--config-text")
 
 
-def _peers_are_active_active(settings: ServeSettings) -> None:
-    if not settings.peers.addresses:
-        return
-    from epp.picker.peers import parse_peers
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
+_SELECTOR_TERM = re.compile(rf"!?{_LABEL}|{_LABEL}\s*(=|==|!=)\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
-    parse_peers(settings.peers.addresses)  # a malformed entry fails at start, not at the first send
+
+def _peers_are_active_active(settings: ServeSettings) -> None:
+    peers = settings.peers
+    if not peers.enabled:
+        return
+    if peers.addresses and peers.selector:
+        raise ConfigError(
+            "--peers (by DNS) and --peer-selector (through the Kubernetes API) both name the peers: "
+            "choose one"
+        )
+    if peers.addresses:
+        from epp.picker.peers import parse_peers
+
+        parse_peers(peers.addresses)  # a malformed entry fails at start, not at the first send
+    else:
+        bad = [term for term in peers.selector.split(",") if not _SELECTOR_TERM.fullmatch(term.strip())]
+        if bad:
+            raise ConfigError(f"--peer-selector: expected KEY=VALUE[,...] label terms, got {bad[0]!r}")
+        if settings.pool.file is not None:
+            raise ConfigError(
+                "--peer-selector finds the replicas through the Kubernetes API, which --pool-file "
+                "does not use: name them with --peers NAME:PORT instead"
+            )
     if settings.leader.enabled:
         raise ConfigError(
-            "--peers runs replicas active-active, --ha-enable-leader-election active-passive: choose one"
+            f"{peers.flag} runs replicas active-active, --ha-enable-leader-election active-passive: "
+            "choose one"
         )
 
 
@@ -78,9 +100,9 @@ def _peer_tls(settings: ServeSettings) -> None:
     }
     given = [flag for flag, path in files.items() if path is not None]
     if not given:
-        if peers.addresses and not peers.insecure:
+        if peers.enabled and not peers.insecure:
             raise ConfigError(
-                "--peers needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key (mutual TLS between "
+                f"{peers.flag} needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key (mutual TLS between "
                 "replicas), or --peer-insecure to run the peer exchange in plaintext"
             )
         return
@@ -89,8 +111,8 @@ def _peer_tls(settings: ServeSettings) -> None:
         raise ConfigError(f"{', '.join(given)} needs {' and '.join(missing)} too")
     if peers.insecure:
         raise ConfigError("--peer-insecure and --peer-tls-* contradict each other: choose one")
-    if not peers.addresses:
-        raise ConfigError(f"{', '.join(given)} only apply with --peers")
+    if not peers.enabled:
+        raise ConfigError(f"{', '.join(given)} only apply with --peers or --peer-selector")
     if not settings.pool.name:
         raise ConfigError("--peer-tls-* need --pool-name: the peer certificates name the pool")
 

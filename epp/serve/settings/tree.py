@@ -202,6 +202,16 @@ class PeerSettings:
         parse=stripped,
         metavar="NAME:PORT[,...]",
     )
+    selector: str = option(
+        default="",
+        flag="--peer-selector",
+        help="active-active replicas found through the Kubernetes API instead of DNS: the Pods of "
+        "the pool's namespace with these labels (each one's IP on --peer-port, Ready or not, none "
+        "being deleted; listed again every 5 s; this replica is recognised and left out). Uses the "
+        "list on pods the EPP is granted anyway; not with --pool-file (default: off)",
+        parse=stripped,
+        metavar="KEY=VALUE[,...]",
+    )
     port: int = option(
         default=9004,
         flag="--peer-port",
@@ -242,6 +252,16 @@ class PeerSettings:
         help="run the peer exchange in plaintext, without certificates: anyone who reaches "
         "--peer-port can feed this replica routing events, so only behind a NetworkPolicy",
     )
+
+    @property
+    def enabled(self) -> bool:
+        """Active-active: peers by DNS name (`--peers`) or by Pod labels (`--peer-selector`)."""
+        return bool(self.addresses or self.selector)
+
+    @property
+    def flag(self) -> str:
+        """The flag that turned active-active on, for messages."""
+        return "--peers" if self.addresses else "--peer-selector"
 
 
 @concern

@@ -177,6 +177,7 @@ ROUND_TRIPS: list[tuple[list[str], str, object]] = [
     (["--adapter-state-port", "9005"], "adapters.state_port", 9005),
     (["--adapter-idle-unload", "0"], "adapters.idle_unload_s", 0.0),
     (["--peers", " r:9004 ", "--peer-insecure"], "peers.addresses", "r:9004"),
+    (["--peer-selector", " app=epp ", "--peer-insecure"], "peers.selector", "app=epp"),
     (["--peers", "r:9004", "--peer-insecure"], "peers.insecure", True),
     (["--peer-port", "9104"], "peers.port", 9104),
     (["--peer-interval", "50ms"], "peers.interval_s", 0.05),
@@ -315,6 +316,30 @@ def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -
             ["--pool-file", "pool.yaml", "--peers", "r:9004", *PEER_TLS],
             "need --pool-name: the peer certificates name the pool",
         ),
+        (
+            ["--pool-name", "p", "--peers", "r:9004", "--peer-selector", "app=epp", "--peer-insecure"],
+            "both name the peers: choose one",
+        ),
+        (
+            ["--pool-name", "p", "--peer-selector", "app=epp,tier in (a)", "--peer-insecure"],
+            "--peer-selector: expected KEY=VALUE",
+        ),
+        (
+            ["--pool-file", "pool.yaml", "--pool-name", "p", "--peer-selector", "app=epp", "--peer-insecure"],
+            "--peer-selector finds the replicas through the Kubernetes API, which --pool-file",
+        ),
+        (["--pool-name", "p", "--peer-selector", "app=epp"], "--peer-selector needs --peer-tls-ca"),
+        (
+            [
+                "--pool-name",
+                "p",
+                "--peer-selector",
+                "app=epp",
+                "--peer-insecure",
+                "--ha-enable-leader-election",
+            ],
+            "--peer-selector runs replicas active-active",
+        ),
     ],
     ids=[
         "no-pool",
@@ -328,6 +353,11 @@ def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -
         "peer-tls-and-insecure",
         "peer-tls-without-peers",
         "peer-tls-without-pool-name",
+        "peers-and-peer-selector",
+        "peer-selector-not-equality",
+        "peer-selector-without-kubernetes",
+        "peer-selector-without-tls-or-insecure",
+        "peer-selector-and-lease",
     ],
 )
 def test_inconsistent_flags_are_config_errors(argv: list[str], message: str) -> None:
@@ -349,6 +379,8 @@ def test_peers_are_parsed_with_their_defaults() -> None:
     insecure = parse(["--pool-name", "p", "--peers", "epp-replicas:9004", "--peer-insecure"])
     assert (insecure.peers.insecure, insecure.peers.tls_ca) == (True, None)
     assert parse(["--pool-name", "p"]).peers.addresses == ""
+    selected = parse(["--pool-name", "p", "--peer-selector", " app=epp, !canary,tier!=x ", "--peer-insecure"])
+    assert (selected.peers.selector, selected.peers.enabled) == ("app=epp, !canary,tier!=x", True)
 
 
 def test_pool_file_makes_pool_name_optional(tmp_path: pathlib.Path) -> None:
