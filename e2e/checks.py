@@ -199,13 +199,23 @@ def check_deleted_pod_is_no_longer_picked(stack: Stack) -> None:
 
 
 def check_ha_failover(stack: Stack) -> None:
-    """With two EPP replicas, killing the leader hands routing to the other replica."""
+    """With two EPP replicas, killing the leader hands routing to the other replica: requests
+    are picked by an EPP again (its pick log, `--v=4`), not only answered."""
     if stack.kill_epp_leader is None:
         pytest.skip("this stack runs a single EPP replica")
     _ok(complete_many(stack.gateway_url, [stack.adapters[0]] * 5, concurrency=1))
     stack.kill_epp_leader()
+
+    def routed_by_the_new_leader() -> list[Reply] | None:
+        """10 requests that all succeed and were each picked by an EPP (its pick log), not
+        passed around it: with FailOpen the gateway answers 200 with no EPP at all."""
+        before = len(picks_from_log(stack.epp_log_lines()))
+        replies = complete_many(stack.gateway_url, [stack.adapters[0]] * 10, concurrency=2)
+        picked = len(picks_from_log(stack.epp_log_lines())) - before
+        return replies if all(r.status == 200 for r in replies) and picked >= len(replies) else None
+
     # One lease duration (15 s by default) plus the gateway noticing the new ready endpoint.
-    _settled(stack, count=10, timeout_s=90)
+    eventually_value(routed_by_the_new_leader, within_s=90, what="requests routed by the new leader")
 
 
 # Routing checks first, then the disruptive ones (EPP stopped, pod deleted, leader killed).
