@@ -35,6 +35,7 @@ from epp.tools.localstack import epp_ready, free_ports
 from testkit.localcluster import LocalCluster, dump
 from testkit.podlauncher import PodLauncher
 from testkit.waiting import wait_until
+from tests.cluster.gateway import MODEL, ask
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -42,7 +43,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "routing"
 DEPLOYMENT = "vllm-llama3-8b"
 POOL = "vllm-llama3-8b"
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ROUTING_WITHIN_S = 5.0  # a scale reflected in the EPP's pool
 
 
@@ -68,16 +68,7 @@ class Stack:
 
     def ask(self) -> tuple[int, str]:
         """One completion through Envoy: (status, the pod that served it, or why it failed)."""
-        body = json.dumps({"model": MODEL, "prompt": "Say hello.", "max_tokens": 4}).encode()
-        request = urllib.request.Request(
-            f"{self.gateway}/v1/completions", data=body, headers={"content-type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                response.read()
-                return response.status, response.headers.get("x-inference-pod", "")
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode(errors="replace")[:200]  # why, for the assertion
+        return ask(self.gateway)
 
     def scale(self, replicas: int) -> None:
         self.cluster.kubectl("scale", "deployment", DEPLOYMENT, "-n", NAMESPACE, f"--replicas={replicas}")

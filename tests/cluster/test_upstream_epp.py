@@ -11,11 +11,9 @@ minutes to a fresh machine's run).
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
-import urllib.request
 from typing import Any
 
 import pytest
@@ -28,13 +26,13 @@ from epp.tools.localstack import epp_ready, free_ports
 from testkit.localcluster import LocalCluster, dump
 from testkit.podlauncher import PodLauncher
 from testkit.waiting import wait_until
+from tests.cluster.gateway import ask
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 UPSTREAM_EPP = ROOT / ".upstream" / "bin" / "epp"
 NAMESPACE = "upstream"
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def documents(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -81,7 +79,13 @@ def test_the_upstream_epp_routes_through_envoy_to_the_deployments_pods(
                 wait_until(lambda: epp_ready(health), "the upstream EPP ready", within_s=60)
                 wait_until(lambda: len(launcher.running()) == 2, "both sim pods running", within_s=60)
                 envoy.start()
-                served = [_ask(f"http://127.0.0.1:{listen}") for _ in range(20)]
+                gateway = f"http://127.0.0.1:{listen}"
+                # It learns the Pods from its own watch once they are Ready (their probes pass
+                # after the processes start): the first answer may be 503 until then.
+                wait_until(
+                    lambda: ask(gateway)[0] == 200, "a request routed by the upstream EPP", within_s=60
+                )
+                served = [ask(gateway) for _ in range(20)]
             finally:
                 envoy.stop()
                 epp.terminate()
@@ -91,16 +95,3 @@ def test_the_upstream_epp_routes_through_envoy_to_the_deployments_pods(
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
     assert all(status == 200 for status, _ in served), served
     assert {pod for _, pod in served} <= running
-
-
-def _ask(gateway: str) -> tuple[int, str]:
-    body = json.dumps({"model": MODEL, "prompt": "Say hello.", "max_tokens": 4}).encode()
-    request = urllib.request.Request(
-        f"{gateway}/v1/completions", data=body, headers={"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            response.read()
-            return response.status, response.headers.get("x-inference-pod", "")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")[:200]
