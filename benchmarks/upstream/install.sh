@@ -13,38 +13,20 @@
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DIR="${1:-.upstream}"
-mkdir -p "$DIR/bin" || { echo "install.sh: FAILED: cannot create $DIR/bin" >&2; exit 1; }
-BIN="$(cd "$DIR/bin" && pwd)"
+# shellcheck disable=SC1091  # kind/go-build.sh, checked on its own
+source "$HERE/../../kind/go-build.sh"
+go_build_start "upstream EPP" "${1:-.upstream}"
 VERSION="v1.5.0"
-START_S=$SECONDS
 
-skip() {
-    echo "install.sh: skipped, upstream EPP not built: $*" >&2
-    exit 0
-}
-fail() {
-    echo "install.sh: FAILED: $*" >&2
-    exit 1
-}
-
-command -v go >/dev/null || skip "no go on PATH (Go >= 1.26 is needed)"
-GO_VERSION="$(go env GOVERSION)"
-case "$GO_VERSION" in
-    go1.2[6-9]* | go1.[3-9][0-9]* | go[2-9]*) ;;
-    *) skip "Go >= 1.26 is needed (found $GO_VERSION)" ;;
-esac
-
-PINS="$(cat "$HERE/go.mod" "$HERE/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16) $GO_VERSION"
+PINS="$(go_build_pins "$HERE/go.mod" "$HERE/go.sum" "${BASH_SOURCE[0]}")"
 if [ -x "$BIN/epp" ] && [ "$(cat "$BIN/.built" 2>/dev/null)" = "$PINS" ]; then
     echo "install.sh: $BIN/epp is the upstream EPP $VERSION ($GO_VERSION)"
     exit 0
 fi
 rm -f "$BIN/.built"
 
-(cd "$HERE" && go mod download) >/dev/null 2>&1 \
-    || skip "the Go module proxy did not serve benchmarks/upstream's modules ($(go env GOPROXY))"
-echo "install.sh: modules downloaded in $((SECONDS - START_S)) s; building (≈ 5 min on 2 cores the first time)"
+go_build_download "$HERE"
+echo "install.sh: building (≈ 5 min on 2 cores the first time)"
 
 # -N -l as for the control plane: less compile time; a benchmark compares CPU per request, so the
 # figures say which build they ran.

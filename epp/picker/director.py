@@ -355,6 +355,8 @@ class Director:
         flow = self._flow
         if flow is not None and flow.judge is not None:
             flow.judge.dispatched(now)
+        if flow is not None and flow.shares is not None:
+            flow.shares.dispatched(now)
         self._observer.scheduled(life, candidates, result, clock.now() - started)
 
     def _enqueue_or_dispatch(
@@ -377,14 +379,16 @@ class Director:
         fairness_id = life.fairness_id = fairness_id_of(headers)
         priority = life.priority = band_priority(request)
         cost = prompt_token_estimate(request)
-        placeable = flow.gate.placeable(request, candidates, now)
+        if flow.shares is not None:
+            flow.shares.arrived(priority, fairness_id, now)
+        placeable = _placeable(flow, life, candidates, now)
         waiting = queues.waiting_from(priority) > 0
         if placeable and not waiting:
             self._dispatch(life, placeable, snapshot, now)
             queues.charge(priority, fairness_id, cost)
             return
         judge = flow.judge
-        saturated = judge is not None and not placeable and flow.gate.saturated(candidates, now)
+        saturated = judge is not None and not placeable and _full_for(flow, life, candidates, now)
         if judge is not None and not placeable:
             judge.observe(saturated, queues.oldest_from(0, now), now)
         if judge is not None and saturated:
@@ -419,7 +423,7 @@ class Director:
         self._observer.queued(life)
         if placeable:
             self._pass_for_newcomer(life)
-        else:
+        elif not _held_for_reserve(flow, life, candidates, now):
             flow.gate.blocked(request, candidates, since=now, now=now)
 
     def _pass_for_newcomer(self, life: RequestLife) -> None:
@@ -447,7 +451,9 @@ class Director:
         snapshot = self._datastore.snapshot()
         judge = flow.judge
         saturated = (
-            judge is not None and bool(snapshot.endpoints) and flow.gate.saturated(snapshot.endpoints, now)
+            judge is not None
+            and bool(snapshot.endpoints)
+            and (flow.gate.saturated(snapshot.endpoints, now) or _reserve_held(flow, snapshot.endpoints, now))
         )
         if judge is not None:
             judge.observe(saturated, queues.oldest_from(0, now), now)
@@ -481,7 +487,8 @@ class Director:
                 candidates = select_candidates(snapshot, life.subset)
             except EppError:
                 continue
-            flow.gate.blocked(request, candidates, since=head.enqueued_at, now=now)
+            if not _held_for_reserve(flow, life, candidates, now):
+                flow.gate.blocked(request, candidates, since=head.enqueued_at, now=now)
 
     def _place(self, flow: FlowControl, life: RequestLife, snapshot: Snapshot, now: float) -> Placement:
         request = life.request
@@ -489,7 +496,7 @@ class Director:
         candidates = self._candidates_or_refuse(life, snapshot)
         if candidates is None:
             return Placement.REFUSED
-        placeable = flow.gate.placeable(request, candidates, now)
+        placeable = _placeable(flow, life, candidates, now)
         if not placeable:
             return Placement.BLOCKED
         return self._dispatch_from_queue(life, placeable, snapshot, now)
@@ -766,3 +773,42 @@ def select_candidates(snapshot: Snapshot, subset: Sequence[str] | None) -> tuple
             reason="no-endpoints",
         )
     return candidates
+
+
+def _placeable(
+    flow: FlowControl, life: RequestLife, candidates: Sequence[EndpointState], now: float
+) -> Sequence[EndpointState]:
+    """The candidates that can start `life`'s request now: the gate's, none while the pool keeps
+    its last free batch slots for flows within their share and `life`'s flow is over its own."""
+    request = life.request
+    assert request is not None
+    placeable = flow.gate.placeable(request, candidates, now)
+    if placeable and _held_for_reserve(flow, life, candidates, now):
+        return ()
+    return placeable
+
+
+def _held_for_reserve(
+    flow: FlowControl, life: RequestLife, candidates: Sequence[EndpointState], now: float
+) -> bool:
+    """`life`'s flow asks for more than its fair share while the pool keeps its reserve
+    (`flowcontrol/fairshare.py`)."""
+    shares, judge = flow.shares, flow.judge
+    if shares is None or judge is None or not flow.gate.is_overloaded(now):
+        return False
+    if not shares.over_share(life.priority, life.fairness_id, now):
+        return False
+    return _reserve_held(flow, candidates, now)
+
+
+def _reserve_held(flow: FlowControl, candidates: Sequence[EndpointState], now: float) -> bool:
+    """The overloaded pool has no more free batch slots than its reserve."""
+    if flow.shares is None or not flow.gate.is_overloaded(now):
+        return False
+    slots = flow.gate.batch_slots(candidates, now)
+    return slots is not None and slots[0] <= flow.shares.settings.reserve(slots[1])
+
+
+def _full_for(flow: FlowControl, life: RequestLife, candidates: Sequence[EndpointState], now: float) -> bool:
+    """The pool cannot start `life`'s request: saturated, or its flow is held for the reserve."""
+    return flow.gate.saturated(candidates, now) or _held_for_reserve(flow, life, candidates, now)

@@ -20,30 +20,13 @@
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DIR="${1:-.controlplane}"
-mkdir -p "$DIR/bin" || { echo "install.sh: FAILED: cannot create $DIR/bin" >&2; exit 1; }
-BIN="$(cd "$DIR/bin" && pwd)"
+# shellcheck disable=SC1091  # kind/go-build.sh, checked on its own
+source "$HERE/../go-build.sh"
+go_build_start "control plane" "${1:-.controlplane}"
 K8S_VERSION="v1.37.2"
-START_S=$SECONDS
-
-skip() {
-    echo "install.sh: skipped, control plane not built: $*" >&2
-    exit 0
-}
-fail() {
-    echo "install.sh: FAILED: $*" >&2
-    exit 1
-}
-
-command -v go >/dev/null || skip "no go on PATH (Go >= 1.26 is needed)"
-GO_VERSION="$(go env GOVERSION)"
-case "$GO_VERSION" in
-    go1.2[6-9]* | go1.[3-9][0-9]* | go[2-9]*) ;;
-    *) skip "Go >= 1.26 is needed (found $GO_VERSION)" ;;
-esac
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
-PINS="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/pod-ready.yaml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16) $GO_VERSION"
+PINS="$(go_build_pins "$HERE/go.mod" "$HERE/go.sum" "$HERE/pod-ready.yaml" "${BASH_SOURCE[0]}")"
 all_built() {
     local name
     for name in "${BINARIES[@]}"; do [ -x "$BIN/$name" ] || return 1; done
@@ -57,9 +40,8 @@ fi
 rm -f "$BIN/.built"
 
 # Module downloads first, so an unreachable proxy is a skip and not a broken build.
-(cd "$HERE" && go mod download) >/dev/null 2>&1 \
-    || skip "the Go module proxy did not serve kind/controlplane's modules ($(go env GOPROXY))"
-echo "install.sh: modules downloaded in $((SECONDS - START_S)) s; building (≈ 15 min on 2 cores the first time)"
+go_build_download "$HERE"
+echo "install.sh: building (≈ 15 min on 2 cores the first time)"
 
 export CGO_ENABLED=0
 LDFLAGS="-s -w"

@@ -36,6 +36,7 @@ class DetectorConfig:
     shed_standard: bool = True
     drain_after_s: float | None = None  # `drainAfter` of lora-capacity-detector; None: not set
     wait_target_s: float | None = None  # `queueWaitTarget` of lora-capacity-detector; None: not set
+    reserve_share: float | None = None  # `fairShareReserve` of lora-capacity-detector; None: not set
 
 
 def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float = 2.0) -> DetectorConfig:
@@ -47,7 +48,9 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
     (20), `overloadKvCacheUtilThreshold` (0.95), `metricsStalenessThreshold` (duration;
     default `staleness_threshold_s`), `shedStandard` (true), upstream's `headroom` (read past),
     and for `lora-capacity-detector` only, `drainAfter` and `queueWaitTarget` (durations; the
-    latter is how long a request may wait in a saturated pool's queue, `0s`: until its TTL).
+    latter is how long a request may wait in a saturated pool's queue, `0s`: until its TTL) and
+    `fairShareReserve` (the share of batch slots an overloaded pool keeps for flows within their
+    fair share, 0 to 0.5; `0`: none).
     Raises ConfigError.
     """
     spec = _detector_spec(config) if config is not None else None
@@ -66,7 +69,10 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
     params.accept("headroom")
     drain_after_s: float | None = None
     wait_target_s: float | None = None
+    reserve_share: float | None = None
     if spec is not None and spec.type == LORA_CAPACITY_DETECTOR:
+        if params.raw_value("fairShareReserve") is not None:
+            reserve_share = params.number("fairShareReserve", 0.0, minimum=0, maximum=0.5)
         raw_drain = params.raw_value("drainAfter")
         if raw_drain is not None:
             drain_after_s = parse_config_duration(raw_drain, f"plugin {spec.name!r}: parameter 'drainAfter'")
@@ -92,6 +98,7 @@ def detector_config(config: PickerConfig | None, *, staleness_threshold_s: float
         shed_standard=shed_standard,
         drain_after_s=drain_after_s,
         wait_target_s=wait_target_s,
+        reserve_share=reserve_share,
     )
 
 

@@ -10,10 +10,11 @@ slot, whatever frees elsewhere. So per endpoint the gate counts two kinds of cap
 - request headroom: its waiting queue (less requests deferred for a slot, counted below, plus the
   requests sent there since its scrape beyond what its batch had room for, less those we saw
   finish there since) and KV usage under the saturation thresholds (stale or missing metrics are
-  not evidence: headroom). While the pool is overloaded (flow control refused a request it could
-  not serve in time, within the last `OVERLOADED_HOLD_S`), a pod may hold no queue of its own: a
-  request goes to a pod only where its batch has room, so the EPP's order (priority band, then
-  fairness) decides who starts next, not each pod's first-come order;
+  not evidence: headroom). A pod may hold waiting what it finishes within `POD_WAIT_TARGET_S`,
+  at most the detector's queue threshold; while the pool is overloaded (flow control refused a
+  request it could not serve in time, within the last `OVERLOADED_HOLD_S`), none: a request goes
+  to a pod only where its batch has room, so the EPP's order (priority band, then fairness)
+  decides who starts next, not each pod's first-come order;
 - adapter slots: the adapters with requests in flight there (ours from the routing ledger, plus
   any its scrape shows that we did not see finish since) against its `max_lora`.
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from epp.picker.admission.saturation import SaturationDetector, SaturationLevel
-from epp.picker.datastore.types import EndpointState
+from epp.picker.datastore.types import EndpointState, Metrics
 from epp.picker.scheduling.framework import is_base_model
 from epp.picker.scheduling.inflight import Flight
 from epp.picker.scheduling.ledger import BASE_MODEL
@@ -58,6 +59,20 @@ UNSEEN_BATCH_ROOM = 32
 # any sign of saturation, 66.6 % with this one (docs/benchmarks.md, "Overload").
 OVERLOADED_POD_QUEUE = 0
 OVERLOADED_HOLD_S = 10.0
+# Otherwise a pod seen with a full batch may hold what it finishes in this long at its recent pace
+# (at most the detector's threshold): a queue on a pod is served in its order, not the EPP's, and
+# on slow pods (a 70B batch of 64 finishes about 4 requests a second) the threshold's 5 wait over
+# a second. A pod never seen full keeps the threshold: what waits there waits between two steps.
+# `epp bench`, seed 1 (docs/benchmarks.md, "Overload"), with this and without: tenant-flood's
+# steady tenants' P99 TTFT 347 ms and 1.28 s, priority-mix's Critical goodput 99.4 % and 80.7 %;
+# zipf-100 and azure-conv the same to the digit.
+POD_WAIT_TARGET_S = 0.25
+# A queue standing this long beside the same batch, at the most a pod ever ran, says the batch is
+# full (without it, tenant-flood's pods are first seen full once 5 wait on each: steady P99 454 ms
+# instead of 347). Shorter, or counted while the batch grows, a long prefill step (2,000 tokens on
+# a 70B pod) or a filling batch reads as full at a few requests: priority-mix's goodput fell from
+# 66 % to 42-44 %.
+BATCH_FULL_STANDING_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,12 @@ class Gate(Protocol):
     def overloaded(self, now: float) -> None:
         """Flow control refused a request the pool could not serve in time: it is overloaded."""
 
+    def is_overloaded(self, now: float) -> bool:
+        """Whether the pool is held overloaded (a refusal within the hold)."""
+
+    def batch_slots(self, candidates: Sequence[EndpointState], now: float) -> tuple[int, int] | None:
+        """(free, all) batch slots over the candidates seen full, None where the gate cannot tell."""
+
 
 class SaturationGate:
     """Upstream's gate: all candidates while the pool is not saturated, none while it is."""
@@ -151,6 +172,12 @@ class SaturationGate:
     def overloaded(self, now: float) -> None:
         pass
 
+    def is_overloaded(self, now: float) -> bool:
+        return False
+
+    def batch_slots(self, candidates: Sequence[EndpointState], now: float) -> tuple[int, int] | None:
+        return None
+
 
 class SlotGate:
     """Request headroom and LoRA slots per endpoint; see the module docstring."""
@@ -172,11 +199,15 @@ class SlotGate:
         self._freed_at: dict[tuple[str, str], float] = {}
         self._last_finish: dict[str, float] = {}  # endpoint -> when any request finished there
         self._finishes: dict[str, deque[float]] = {}  # endpoint -> when requests finished there lately
+        self._first_seen: dict[str, float] = {}  # endpoint -> when the gate first worked out its room
         self._overloaded_queue = overloaded_queue
         self._overloaded_hold_s = overloaded_hold_s
         self._tight_until = float("-inf")  # while now is before it, pods take no queue (see above)
         self._slot_freed_at: dict[str, float] = {}  # endpoint -> when an adapter last left it
         self._batch_size: dict[str, int] = {}  # endpoint -> its running requests when last seen full
+        self._most_running: dict[str, int] = {}  # endpoint -> the most it was seen running
+        # endpoint -> since when its scrapes show a queue beside the same batch, and that batch
+        self._queue_since: dict[str, tuple[float, int]] = {}
         self._max_lora: dict[str, int] = {}  # endpoint -> the max_lora it last reported
         # endpoint -> (adapter held back there, the adapter it is freeing a slot for)
         self.draining: dict[str, tuple[str, str]] = {}
@@ -291,6 +322,7 @@ class SlotGate:
 
     def _update(self, e: EndpointState, now: float) -> None:
         name = e.endpoint.name
+        self._first_seen.setdefault(name, now)
         m = e.metrics
         headroom = self._headroom(e, now)
         holders = self._state.inflight.adapters(name)
@@ -374,6 +406,27 @@ class SlotGate:
             self._swept = None  # every room is worked out again under the tighter target
         self._tight_until = now + self._overloaded_hold_s
 
+    def is_overloaded(self, now: float) -> bool:
+        return now < self._tight_until
+
+    def batch_slots(self, candidates: Sequence[EndpointState], now: float) -> tuple[int, int] | None:
+        """Over the candidates with fresh metrics seen with a full batch: the slots free now (their
+        batch's room at the scrape, plus what finished there since, less what waits there and what
+        was sent since) and all their slots; None when none was seen full."""
+        free = total = 0
+        staleness = self._detector.staleness_threshold_s
+        for e in candidates:
+            m = e.metrics
+            name = e.endpoint.name
+            full_at = self._batch_size.get(name)
+            if full_at is None or m is None or not e.is_fresh(now, staleness):
+                continue
+            total += full_at
+            room = full_at - m.running_requests + self._finished_since(name, m.updated_at)
+            waiting = m.waiting_requests - m.deferred_requests
+            free += max(0, room - waiting - self._state.inflight.routed_from(name, m.updated_at))
+        return (free, total) if total else None
+
     def forget(self, alive: Container[str]) -> None:
         for per_endpoint in (
             self._last_finish,
@@ -381,6 +434,9 @@ class SlotGate:
             self._slot_freed_at,
             self._batch_size,
             self._max_lora,
+            self._first_seen,
+            self._most_running,
+            self._queue_since,
         ):
             for name in [name for name in per_endpoint if name not in alive]:
                 del per_endpoint[name]
@@ -420,38 +476,81 @@ class SlotGate:
         """Its queue and KV under the thresholds.
 
         Requests sent since its scrape are not in it: those its batch had room for start at once,
-        the rest wait there. Its batch's room is what it runs less what it ran when its queue last
-        stood past the threshold (a vLLM pod queues that many only once its batch is full; a few
-        wait between two engine steps anyway); before it was ever seen full, `UNSEEN_BATCH_ROOM`.
-        So a queue that just opened takes what the pod can start, not everything waiting here at
-        once (the pod would serve a backlog in its own order, not by priority)."""
+        the rest wait there. Its batch's room is what it runs less its batch size, as last learned
+        (`_learn_batch_size`); before that, `UNSEEN_BATCH_ROOM`. So a queue that just opened takes
+        what the pod can start, not everything waiting here at once (the pod would serve a backlog
+        in its own order, not by priority)."""
         m = e.metrics
         if m is None or not e.is_fresh(now, self._detector.staleness_threshold_s):
             return True  # missing or stale metrics are not evidence of a full pod
         name = e.endpoint.name
         queued = m.waiting_requests - m.deferred_requests
-        if queued > self._detector.queue_depth_threshold and record:
-            # Past the threshold, not just between two engine steps: its batch is full.
-            self._batch_size[name] = m.running_requests
+        if record:
+            self._learn_batch_size(name, m, queued)
         full_at = self._batch_size.get(name)
         room = UNSEEN_BATCH_ROOM if full_at is None else max(0, full_at - m.running_requests)
         unseen = self._state.inflight.routed_from(name, m.updated_at)
         # What finished there since its scrape made room its scrape cannot show either.
         finished = self._finished_since(name, m.updated_at)
-        waiting_now = max(0, queued + max(0, unseen - room) - finished)
-        return (
-            waiting_now <= self._pod_queue(now, record=record)
-            and m.kv_cache_usage <= self._detector.kv_cache_util_threshold
-        )
+        allowed = self._pod_queue(name, now, record=record)
+        # With no queue allowed, the request about to be sent must start at once: count it as sent
+        # (else a pod whose one freed slot is taken by what waits there would take one more).
+        sending = 1 if allowed == 0 else 0
+        waiting = max(0, queued + max(0, unseen + sending - room) - finished)
+        return waiting <= allowed and m.kv_cache_usage <= self._detector.kv_cache_util_threshold
 
-    def _pod_queue(self, now: float, *, record: bool = True) -> int:
-        """The requests a pod may hold waiting: none while the pool is overloaded, else the
-        detector's threshold."""
+    def _learn_batch_size(self, name: str, m: Metrics, queued: int) -> None:
+        """How many requests its batch holds, from what its scrapes show (vLLM does not export
+        `max_num_seqs`): a queue past the threshold (a few wait between two engine steps anyway),
+        or one that has stood `BATCH_FULL_STANDING_S` while it ran the most it ever ran (a pod
+        kept from queueing never shows the first; a long prefill step shows a short-lived queue)."""
+        most = self._most_running.get(name, 0)
+        running = m.running_requests
+        if queued <= 0:
+            self._queue_since.pop(name, None)
+        else:
+            since = self._queue_since.get(name)
+            if since is None or since[1] != running:
+                since = self._queue_since[name] = (m.updated_at, running)
+            if running >= most and (
+                queued > self._detector.queue_depth_threshold
+                or m.updated_at - since[0] >= BATCH_FULL_STANDING_S
+            ):
+                self._batch_size[name] = running
+        self._most_running[name] = max(most, running)
+
+    def _pod_queue(self, name: str, now: float, *, record: bool = True) -> int:
+        """The requests a pod may hold waiting: none while the pool is overloaded, else what it
+        finishes within `POD_WAIT_TARGET_S` at its recent pace, at most the detector's threshold."""
         if now < self._tight_until:
             if record:  # the rooms are worked out again when the hold ends
                 self._valid_until = min(self._valid_until, self._tight_until)
             return self._overloaded_queue
-        return self._detector.queue_depth_threshold
+        threshold = self._detector.queue_depth_threshold
+        if name not in self._batch_size:
+            return threshold  # never seen full: what its scrape shows waiting is between two steps
+        rate = self._finish_rate(name, now)
+        if rate is None:
+            return threshold
+        return min(threshold, int(rate * POD_WAIT_TARGET_S))
+
+    def _finish_rate(self, name: str, now: float) -> float | None:
+        """Requests finished per second at `name` over the last staleness window; None until the
+        gate has watched it that long."""
+        first = self._first_seen.get(name)
+        window = self._detector.staleness_threshold_s
+        if first is None or now - first < window:
+            return None
+        finishes = self._finishes.get(name)
+        if not finishes:
+            return 0.0
+        start = now - window
+        n = 0
+        for at in reversed(finishes):
+            if at < start:
+                break
+            n += 1
+        return n / window
 
     def _finished_since(self, name: str, since: float) -> int:
         finishes = self._finishes.get(name)

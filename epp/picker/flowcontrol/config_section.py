@@ -23,7 +23,9 @@ Applied, with upstream's meaning and defaults:
   any other detector gates on whole-pool saturation, as upstream.
 - Ours, with `lora-capacity-detector` only: its `queueWaitTarget` (default 500 ms; `0s`: off), the
   overload judge's target (`flowcontrol.overload`): while the pool is saturated, Sheddable requests
-  are refused at once and others once they cannot be dispatched within it (429, `Retry-After`).
+  are refused at once and others once they cannot be dispatched within it (429, `Retry-After`);
+  and its `fairShareReserve` (default 0.05; `0`: off), the share of batch slots an overloaded
+  pool keeps for flows within their fair share (`flowcontrol.fairshare`).
 - `enableEviction: false` and `noEndpointRequestTTL: 0s` say what this EPP does anyway.
 
 Refused with the reason, never dropped silently, because each would change behaviour the user
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 from epp.errors import ConfigError
 from epp.picker.admission import DetectorConfig, SaturationDetector, detector_config
+from epp.picker.flowcontrol.fairshare import FairShareSettings
 from epp.picker.flowcontrol.overload import DEFAULT_WAIT_TARGET_S, OverloadSettings
 from epp.picker.flowcontrol.settings import (
     DEFAULT_BAND_MAX_BYTES,
@@ -96,6 +99,9 @@ def flow_control_settings(
                     else chosen.wait_target_s
                 )
             ),
+            fair_share=FairShareSettings()
+            if chosen.reserve_share is None
+            else FairShareSettings(reserve_share=chosen.reserve_share),
         )
     except ValueError as err:  # the loader checked every value; this guards hand-built configs
         raise ConfigError(f"flowControl: {err}") from err

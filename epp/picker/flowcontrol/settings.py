@@ -10,6 +10,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from epp.picker.flowcontrol.fairshare import FairShareSettings
 from epp.picker.flowcontrol.overload import OverloadSettings
 from epp.picker.flowcontrol.queues import FAIRNESS_POLICIES, ORDERING_POLICIES
 
@@ -22,6 +23,7 @@ DEFAULT_DRAIN_AFTER_S = 1.0  # an adapter waiting this long for a slot gets one 
 # measured on zipf-100, 20 ms gives P99 TTFT 1.33 s where 10 ms gives 1.18 s.
 PUMP_INTERVAL_S = 0.01
 NO_EARLY_REFUSAL = OverloadSettings(wait_target_s=0.0)  # requests wait until dispatched or their TTL
+DEFAULT_FAIR_SHARE = FairShareSettings()
 
 
 class Capacity(enum.Enum):
@@ -78,6 +80,9 @@ class FlowControlSettings:
     drain_after_s: float = DEFAULT_DRAIN_AFTER_S
     # Early refusal while the pool is saturated (`overload`); off unless the gate is ours.
     overload: OverloadSettings = NO_EARLY_REFUSAL
+    # Batch slots kept for flows within their fair share while the pool is overloaded; only with
+    # the overload judge on (it says when the pool is overloaded).
+    fair_share: FairShareSettings = DEFAULT_FAIR_SHARE
 
     def __post_init__(self) -> None:
         if not self.request_ttl_s >= 0:  # NaN fails too

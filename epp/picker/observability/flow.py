@@ -107,6 +107,7 @@ def flow_control_view(director: Director, datastore: Datastore, clock: Clock) ->
             "wait_target_s": judge.settings.wait_target_s,
             "dispatch_rate_per_s": round(judge.rate(now), 3),
         },
+        "fair_share": None if flow.shares is None else flow.shares.view(now),
         "queued": len(queues),
         "bytes": queues.size,
         "bands": bands,

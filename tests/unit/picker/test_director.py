@@ -23,10 +23,12 @@ from epp.picker.datastore.types import (
 )
 from epp.picker.director import Director, prompt_text, replace_top_level_string
 from epp.picker.flowcontrol import FlowControl, FlowControlSettings, build_flow_control
-from epp.picker.flowcontrol.capacity import SlotGate
+from epp.picker.flowcontrol.capacity import OVERLOADED_HOLD_S, SlotGate
+from epp.picker.flowcontrol.fairshare import FairShareSettings
 from epp.picker.flowcontrol.overload import OverloadSettings
 from epp.picker.flowcontrol.settings import BandSettings
 from epp.picker.lifecycle import Ending, KeyMint, RequestLife, RoutingDecision, Stage, Usage
+from epp.picker.observability.flow import flow_control_view
 from epp.picker.scheduling.types import LLMRequest
 from tests.support.fake_scheduler import FakeScheduler, pool_datastore, scrape_lora_slots
 
@@ -683,6 +685,66 @@ def test_a_waiting_request_past_the_target_is_refused_while_the_pool_stays_satur
         429,
         "waited-too-long",
     )
+
+
+FLOOD = {"x-gateway-inference-fairness-id": "flood"}
+QUIET = {"x-gateway-inference-fairness-id": "quiet"}
+
+
+def overloaded_with_a_flood(reserve_share: float = 0.05) -> Fc:
+    """One pod seen full at 20 requests, now running 19 (one slot free, the reserve of 5 % of 20),
+    the pool overloaded, and the last five seconds' arrivals: 'flood' 30 a second, 'quiet' 1, with
+    10 dispatched a second (so the flood is over its share, the quiet tenant within)."""
+    fc = Fc(
+        FlowControlSettings(
+            enabled=True,
+            overload=OverloadSettings(wait_target_s=0.5, standing_s=0.0),
+            fair_share=FairShareSettings(reserve_share=reserve_share),
+        ),
+        pod_ips=("10.0.0.1",),
+        max_lora=4,
+    )
+    shares = fc.flow.shares
+    assert (shares is None) is (reserve_share == 0)
+    start = fc.clock.now()
+    if shares is not None:
+        for i in range(150):
+            shares.arrived(0, "flood", start + i / 30)
+        for i in range(5):
+            shares.arrived(0, "quiet", start + i)
+        for i in range(100):
+            shares.dispatched(start + i / 10)
+    fc.clock.advance(5.0)
+    scrape_lora_slots(fc.store, fc.clock.now(), max_lora=4, waiting=6, running=20)  # its batch: 20
+    assert fc.flow.gate.saturated(fc.store.snapshot().endpoints, fc.clock.now())  # as a pass looks
+    fc.clock.advance(0.1)
+    scrape_lora_slots(fc.store, fc.clock.now(), max_lora=4, waiting=0, running=19)
+    fc.flow.gate.overloaded(fc.clock.now())
+    return fc
+
+
+def test_an_overloaded_pool_keeps_its_last_free_slots_for_tenants_within_their_share() -> None:
+    fc = overloaded_with_a_flood()
+    flood = fc.send("base", FLOOD)
+    assert flood.stage is Stage.QUEUED  # the one free slot is the reserve
+    quiet = fc.send("base", QUIET)
+    assert quiet.stage is Stage.DISPATCHED and decision_of(quiet).primary.name == "pod-0-rank-0"
+    view = flow_control_view(fc.director, fc.store, fc.clock)
+    assert view["fair_share"]["over_share"] == [  # type: ignore[index]
+        {"priority": 0, "fairness_id": "flood", "arrivals_per_s": pytest.approx(30.0, abs=0.5)}
+    ]
+
+
+def test_the_reserve_holds_no_one_once_the_pool_is_no_longer_overloaded() -> None:
+    fc = overloaded_with_a_flood()
+    fc.clock.advance(OVERLOADED_HOLD_S + 0.1)
+    scrape_lora_slots(fc.store, fc.clock.now(), max_lora=4, waiting=0, running=19)
+    assert fc.send("base", FLOOD).stage is Stage.DISPATCHED
+
+
+def test_with_the_reserve_off_a_flood_takes_the_last_slot() -> None:
+    fc = overloaded_with_a_flood(reserve_share=0.0)
+    assert fc.send("base", FLOOD).stage is Stage.DISPATCHED
 
 
 def test_a_new_arrival_does_not_pass_requests_already_waiting_for_the_capacity_it_would_take() -> None:

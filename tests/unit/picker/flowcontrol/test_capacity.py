@@ -10,7 +10,7 @@ import pytest
 
 from epp.picker.admission.saturation import SaturationDetector
 from epp.picker.datastore.types import EndpointState
-from epp.picker.flowcontrol.capacity import SaturationGate, SlotGate
+from epp.picker.flowcontrol.capacity import OVERLOADED_HOLD_S, SaturationGate, SlotGate
 from epp.picker.scheduling.ledger import BASE_MODEL
 from epp.picker.scheduling.state import SchedulerState
 from epp.picker.scheduling.types import LLMRequest, NamedCandidates
@@ -331,3 +331,107 @@ def test_saturation_gate_opens_for_every_candidate_or_none(pods: list[EndpointSt
         assert list(placeable) == []
     gate.blocked(request("a"), pods, since=NOW - 100.0, now=NOW)  # no guard: nothing to free
     assert list(gate.placeable(request("a"), pods, NOW)) == list(placeable)
+
+
+# -- the batch, as the gate learns it from scrapes ------------------------------------------------
+
+
+def scraped(at: float, *, waiting: int, running: int) -> EndpointState:
+    return endpoint_state(0, updated_at=at, waiting=waiting, running=running, max_lora=8)
+
+
+def test_a_queue_standing_at_the_most_a_pod_ran_teaches_its_batch_size() -> None:
+    """vLLM does not export max_num_seqs: a queue that stands half a second while the pod runs the
+    most it ever ran says the batch is full (here 64 slots, all taken)."""
+    pool = Pool()
+    pool.can_start("a", [scraped(NOW - 1.0, waiting=0, running=60)], NOW - 1.0)
+    pool.can_start("a", [scraped(NOW - 0.6, waiting=1, running=64)], NOW - 0.6)
+    assert pool.gate.batch_slots([scraped(NOW - 0.6, waiting=1, running=64)], NOW - 0.6) is None
+    pod = scraped(NOW, waiting=1, running=64)
+    pool.can_start("a", [pod], NOW)
+    assert pool.gate.batch_slots([pod], NOW) == (0, 64)
+
+
+def test_a_short_queue_behind_a_long_prefill_teaches_nothing() -> None:
+    """One request prefilling 2,000 tokens on a slow pod keeps the next waiting across two scrapes:
+    that is one step, not a batch of one."""
+    pool = Pool()
+    for at in (NOW - 0.2, NOW - 0.1, NOW):
+        pod = scraped(at, waiting=1, running=1)
+        pool.can_start("a", [pod], at)
+    assert pool.gate.batch_slots([pod], NOW) is None
+
+
+def test_a_queue_below_the_most_a_pod_ran_teaches_nothing() -> None:
+    pool = Pool()
+    pool.can_start("a", [scraped(NOW - 2.0, waiting=0, running=64)], NOW - 2.0)
+    for at in (NOW - 1.0, NOW - 0.5, NOW):
+        pod = scraped(at, waiting=2, running=30)
+        pool.can_start("a", [pod], at)
+    assert pool.gate.batch_slots([pod], NOW) is None
+
+
+def overloaded_pool_with_a_full_pod() -> tuple[Pool, EndpointState]:
+    """A pod seen full at 64 (its queue past the threshold), then scraped full with nothing
+    waiting, and the pool overloaded (flow control refused a request)."""
+    pool = Pool()
+    pool.can_start("a", [scraped(NOW - 1.0, waiting=6, running=64)], NOW - 1.0)
+    pod = scraped(NOW, waiting=0, running=64)
+    pool.gate.overloaded(NOW)
+    return pool, pod
+
+
+def test_an_overloaded_pod_takes_one_request_for_each_that_finished() -> None:
+    """One request finishes on a full pod: it can start one more, not two (the second would wait
+    on the pod, in its order, not the EPP's)."""
+    pool, pod = overloaded_pool_with_a_full_pod()
+    running = pool.route(pod, "a", at=NOW - 10.0)
+    pool.finish(running, NOW + 0.01)
+    assert pool.can_start("a", [pod], NOW + 0.02) == [pod.name]
+    pool.route(pod, "a", at=NOW + 0.02)
+    assert pool.can_start("a", [pod], NOW + 0.03) == []
+    assert pool.gate.batch_slots([pod], NOW + 0.03) == (0, 64)
+
+
+def test_a_full_pod_takes_nothing_while_the_pool_is_overloaded() -> None:
+    pool, pod = overloaded_pool_with_a_full_pod()
+    assert pool.gate.is_overloaded(NOW)
+    assert pool.can_start("a", [pod], NOW + 0.01) == []
+    assert not pool.gate.is_overloaded(NOW + OVERLOADED_HOLD_S + 0.1)
+
+
+def test_a_slow_pod_holds_no_queue_a_fast_one_holds_what_it_finishes_in_the_wait_target() -> None:
+    """The detector lets a pod queue 5; a full pod that finishes 2 requests a second would make the
+    fifth wait 2.5 s, so it may queue none, while one finishing 40 a second may queue the 5."""
+    pool = Pool()
+    window = DETECTOR.staleness_threshold_s
+    seen_full = [
+        endpoint_state(i, updated_at=NOW - window - 0.1, waiting=6, running=64, max_lora=8) for i in (0, 1)
+    ]
+    pool.can_start("a", seen_full, NOW - window - 0.1)  # both seen full at 64, a whole window ago
+    slow = endpoint_state(0, updated_at=NOW, waiting=1, running=64, max_lora=8)
+    fast = endpoint_state(1, updated_at=NOW, waiting=1, running=64, max_lora=8)
+    for i in range(int(2 * window)):
+        pool.finish(pool.route(slow, "a"), NOW - window + 0.01 + i / 2)
+    for i in range(int(40 * window)):
+        pool.finish(pool.route(fast, "a"), NOW - window + 0.01 + i / 40)
+    assert pool.can_start("a", [slow, fast], NOW + 0.01) == [fast.name]
+
+
+def test_a_pod_never_seen_full_may_queue_the_threshold_whatever_its_pace() -> None:
+    """What waits on a pod never seen full is waiting between two engine steps (a long prefill, a
+    step's token budget): it starts without anything finishing."""
+    pool = Pool()
+    window = DETECTOR.staleness_threshold_s
+    pod = endpoint_state(0, updated_at=NOW, waiting=3, running=10, max_lora=8)
+    pool.can_start("a", [endpoint_state(0, updated_at=NOW - window - 0.1, max_lora=8)], NOW - window - 0.1)
+    assert pool.can_start("a", [pod], NOW + 0.01) == [pod.name]
+
+
+def test_a_queue_beside_a_growing_batch_teaches_nothing() -> None:
+    """A pod filling up (each step admits a few more) keeps a queue for a while: not a full batch."""
+    pool = Pool()
+    for i, at in enumerate((NOW - 0.6, NOW - 0.4, NOW - 0.2, NOW)):
+        pod = scraped(at, waiting=3, running=10 + 4 * i)
+        pool.can_start("a", [pod], at)
+    assert pool.gate.batch_slots([pod], NOW) is None

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from epp.errors import ConfigError
 from epp.picker.admission import build_admission
 from epp.picker.flowcontrol.config_section import flow_control_detector, flow_control_settings
+from epp.picker.flowcontrol.fairshare import DEFAULT_RESERVE_SHARE
 from epp.picker.flowcontrol.overload import DEFAULT_WAIT_TARGET_S, OverloadSettings
 from epp.picker.flowcontrol.settings import (
     DEFAULT_DRAIN_AFTER_S,
@@ -199,6 +200,21 @@ def test_the_queue_wait_target_is_ours_and_on_by_default(detector: str, target_s
     assert settings.overload.enabled is (target_s > 0)
 
 
+@pytest.mark.parametrize(
+    ("detector", "share"),
+    [
+        ("- type: lora-capacity-detector\n", DEFAULT_RESERVE_SHARE),
+        ("- {type: lora-capacity-detector, parameters: {fairShareReserve: 0.1}}\n", 0.1),
+        ("- {type: lora-capacity-detector, parameters: {fairShareReserve: 0}}\n", 0.0),
+    ],
+    ids=["default", "set", "off"],
+)
+def test_the_fair_share_reserve_is_ours_and_on_by_default(detector: str, share: float) -> None:
+    settings = _settings(_gated("  maxRequests: 5\n", detector))
+    assert settings.fair_share.reserve_share == share
+    assert settings.fair_share.enabled is (share > 0)
+
+
 def test_detector_ref_defaults_to_the_only_detector() -> None:
     text = _gated("  maxRequests: 5\n", "- {type: lora-capacity-detector, parameters: {drainAfter: 3s}}\n")
     settings = _settings(text)
@@ -367,6 +383,8 @@ def test_bad_section_fails_naming_the_key(text: str, message: str) -> None:
         ("{queueWaitTarget: soon}", "parameter 'queueWaitTarget': invalid duration"),
         ("{queueWaitTarget: -1s}", "parameter 'queueWaitTarget': must not be negative"),
         ("{queueDepthThreshold: -1}", "must be ≥ 0"),
+        ("{fairShareReserve: 0.9}", "parameter 'fairShareReserve' must be ≤ 0.5"),
+        ("{fairShareReserve: some}", "parameter 'fairShareReserve' must be a number"),
     ],
 )
 def test_bad_lora_capacity_detector(parameters: str, message: str) -> None:

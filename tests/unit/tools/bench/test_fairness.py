@@ -301,7 +301,10 @@ def test_a_request_still_queued_at_the_end_waits_forever() -> None:
 
 # -- end to end ---------------------------------------------------------------------------------
 
-PRIORITY_RUN_S = 150.0  # past the queue's 60 s TTL, so Sheddable requests can time out
+# The whole scenario (300 s, past the queue's 60 s TTL, so Sheddable requests could time out): a
+# shorter run's warm-up ends before the pool first saturates, while no pod's batch size is known
+# yet, and that first second is then a large part of what is measured.
+PRIORITY_RUN_S = 300.0
 FLOOD_RUN_S = 160.0  # the flood (90–150 s) and 10 s after it
 
 
@@ -337,9 +340,9 @@ def test_priority_mix_critical_goes_first_and_sheddable_absorbs_refusals(
     priority_runs: dict[bool, runner.PolicySummary],
 ) -> None:
     figures = _by_objective(priority_runs[True])
-    assert figures["critical"].slo_goodput >= 0.9
+    assert figures["critical"].slo_goodput >= 0.99 and figures["critical"].ttft_p99_s <= 1.0
     assert figures["critical"].slo_goodput > figures["standard"].slo_goodput + 0.1
-    assert figures["critical"].refused <= 0.02 * figures["critical"].requests
+    assert figures["critical"].refused <= 0.01 * figures["critical"].requests
     assert figures["sheddable"].refused > 0
     assert figures["sheddable"].refused >= figures["standard"].refused + figures["critical"].refused
 
@@ -363,8 +366,10 @@ def test_tenant_flood_figures(flood_runs: dict[str, runner.PolicySummary]) -> No
     flooding = next(t for t in flood.by_tenant if t.tenant == "adapter-002")
     assert flooding.requests > 3 * next(t for t in calm.by_tenant if t.tenant == "adapter-002").requests
     assert flood.jain_fairness is not None and 1 / 8 <= flood.jain_fairness <= 1.0
-    # Without the flood the steady tenants are well inside the SLO; the flood is felt.
-    assert calm.steady_ttft_p99_s < 1.0 < flood.flooding_ttft_p99_s
+    # Without the flood the steady tenants are well inside the SLO; the flooding tenant feels its
+    # own flood: a good part of its requests is refused, or what is served waits past the SLO.
+    assert calm.steady_ttft_p99_s < 1.0
+    assert flooding.refused > 0.1 * flooding.requests or flood.flooding_ttft_p99_s > 1.0
     assert math.isfinite(calm.flooding_ttft_p99_s)
 
 
