@@ -98,6 +98,7 @@ class _Room:
     # replica's, or finished for us before the pod finished them): a request for one joins them.
     scheduled: frozenset[str] = frozenset()
     joins: frozenset[str] = frozenset()  # adapters a request can join it for now (headroom, not drained)
+    batch: tuple[int, int] | None = None  # (free, all) batch slots; None: never seen full, or stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +325,7 @@ class SlotGate:
         name = e.endpoint.name
         self._first_seen.setdefault(name, now)
         m = e.metrics
-        headroom = self._headroom(e, now)
+        headroom, batch = self._headroom(e, now)
         holders = self._state.inflight.adapters(name)
         scheduled = self._scheduled_elsewhere(name, holders, e, now)
         free: int | None = self._free_slots(name, self._slots(e), holders, e, now, len(scheduled))
@@ -354,7 +355,7 @@ class SlotGate:
             self._open.discard(name)
         if was != (name in self._with_headroom, name in self._open):
             self._changed()
-        self._rooms[name] = _Room(e, headroom, free, scheduled, joins)
+        self._rooms[name] = _Room(e, headroom, free, scheduled, joins, batch)
         if not headroom or (free is not None and free <= 0) or name in self.draining:
             self._restricted.add(name)
             if m is not None:  # what its scrape says holds only while the scrape is fresh
@@ -410,21 +411,18 @@ class SlotGate:
         return now < self._tight_until
 
     def batch_slots(self, candidates: Sequence[EndpointState], now: float) -> tuple[int, int] | None:
-        """Over the candidates with fresh metrics seen with a full batch: the slots free now (their
-        batch's room at the scrape, plus what finished there since, less what waits there and what
-        was sent since) and all their slots; None when none was seen full."""
+        """Over the candidates with fresh metrics seen with a full batch: the slots free now, as
+        each room counted them (`_headroom`), and all their slots; None when none was seen full."""
+        self._refresh(candidates, now)
         free = total = 0
         staleness = self._detector.staleness_threshold_s
+        rooms = self._rooms
         for e in candidates:
-            m = e.metrics
-            name = e.endpoint.name
-            full_at = self._batch_size.get(name)
-            if full_at is None or m is None or not e.is_fresh(now, staleness):
+            batch = rooms[e.endpoint.name].batch
+            if batch is None or not e.is_fresh(now, staleness):
                 continue
-            total += full_at
-            room = full_at - m.running_requests + self._finished_since(name, m.updated_at)
-            waiting = m.waiting_requests - m.deferred_requests
-            free += max(0, room - waiting - self._state.inflight.routed_from(name, m.updated_at))
+            free += batch[0]
+            total += batch[1]
         return (free, total) if total else None
 
     def forget(self, alive: Container[str]) -> None:
@@ -461,7 +459,7 @@ class SlotGate:
             rooms.append(
                 EndpointRoom(
                     endpoint=name,
-                    headroom=self._headroom(e, now, record=False),
+                    headroom=self._headroom(e, now, record=False)[0],
                     slots=slots,
                     in_flight=dict(holders) if holders else {},
                     free_slots=max(0, free),
@@ -472,8 +470,12 @@ class SlotGate:
 
     # -- per endpoint -----------------------------------------------------------------------
 
-    def _headroom(self, e: EndpointState, now: float, *, record: bool = True) -> bool:
-        """Its queue and KV under the thresholds.
+    def _headroom(
+        self, e: EndpointState, now: float, *, record: bool = True
+    ) -> tuple[bool, tuple[int, int] | None]:
+        """Its queue and KV under the thresholds; and, once its batch size is known, its (free,
+        all) batch slots: its batch's room at the scrape, plus what finished there since, less
+        what waits there and what was sent since.
 
         Requests sent since its scrape are not in it: those its batch had room for start at once,
         the rest wait there. Its batch's room is what it runs less its batch size, as last learned
@@ -482,7 +484,7 @@ class SlotGate:
         in its own order, not by priority)."""
         m = e.metrics
         if m is None or not e.is_fresh(now, self._detector.staleness_threshold_s):
-            return True  # missing or stale metrics are not evidence of a full pod
+            return True, None  # missing or stale metrics are not evidence of a full pod
         name = e.endpoint.name
         queued = m.waiting_requests - m.deferred_requests
         if record:
@@ -497,7 +499,10 @@ class SlotGate:
         # (else a pod whose one freed slot is taken by what waits there would take one more).
         sending = 1 if allowed == 0 else 0
         waiting = max(0, queued + max(0, unseen + sending - room) - finished)
-        return waiting <= allowed and m.kv_cache_usage <= self._detector.kv_cache_util_threshold
+        batch = None
+        if full_at is not None:
+            batch = (max(0, full_at - m.running_requests + finished - queued - unseen), full_at)
+        return waiting <= allowed and m.kv_cache_usage <= self._detector.kv_cache_util_threshold, batch
 
     def _learn_batch_size(self, name: str, m: Metrics, queued: int) -> None:
         """How many requests its batch holds, from what its scrapes show (vLLM does not export
@@ -541,16 +546,7 @@ class SlotGate:
         window = self._detector.staleness_threshold_s
         if first is None or now - first < window:
             return None
-        finishes = self._finishes.get(name)
-        if not finishes:
-            return 0.0
-        start = now - window
-        n = 0
-        for at in reversed(finishes):
-            if at < start:
-                break
-            n += 1
-        return n / window
+        return self._finished_since(name, now - window) / window
 
     def _finished_since(self, name: str, since: float) -> int:
         finishes = self._finishes.get(name)
